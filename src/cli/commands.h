@@ -1,0 +1,25 @@
+// The table of subcommands. Each add_* registers its options on a CLI11 subcommand and
+// returns the function that runs it after parsing (returning the process exit code).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace frink::cli {
+
+using Runner = std::function<int()>;
+
+struct Command {
+  std::string name;
+  std::function<Runner(CLI::App&)> add;
+};
+
+const std::vector<Command>& commands();
+
+// One per file in src/cli/ (<name>.cpp).
+Runner add_info(CLI::App& app);
+
+}  // namespace frink::cli

@@ -1,0 +1,38 @@
+// Helpers every test binary shares: where the third-party data lives, reading raw f32
+// fixtures, and the normalised error DESIGN.md section 6 uses for logits.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace frink::test {
+
+// ../shared/testdata, or empty when the checkout has no shared folder beside it.
+std::filesystem::path shared_testdata();
+
+// Skips the calling test with a message when ../shared is absent (GTEST_SKIP must run in the
+// test body, so this is a macro).
+#define FRINK_REQUIRE_SHARED()                                                    \
+  do {                                                                            \
+    if (::frink::test::shared_testdata().empty())                                 \
+      GTEST_SKIP() << "../shared/testdata is absent; skipping a test that needs it"; \
+  } while (0)
+
+std::vector<float> read_f32_file(const std::filesystem::path& p);
+std::string read_text_file(const std::filesystem::path& p);
+
+// sum((a-b)^2) / sum(b^2), accumulated in double; b is the reference.
+double nmse(const float* a, const float* b, size_t n);
+
+// Runs `frink ARGS` (the built binary), returning exit code and captured stdout/stderr.
+struct CommandResult {
+  int exit_code;
+  std::string out;
+  std::string err;
+};
+CommandResult run_frink(const std::string& args);
+
+}  // namespace frink::test
