@@ -54,7 +54,12 @@ class MetaValue {
   std::vector<int64_t> as_ints() const;
   std::vector<float> as_floats() const;
 
+  // Same type (and element type for arrays) and same value; used by round-trip tests.
+  bool operator==(const MetaValue& o) const;
+
  private:
+  bool as_uint64_or_int_nonzero() const;
+
   GgufType type_ = GgufType::UINT8;
   GgufType elem_type_ = GgufType::UINT8;
   std::variant<int64_t, uint64_t, double, std::string, std::shared_ptr<const Array>> v_;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/mapped_file.h"
@@ -36,6 +37,13 @@ class ModelFile {
   // (plus config.json, whose JSON text is kept in hf_config_json()). Throws frink::Error.
   static std::unique_ptr<ModelFile> open(const std::string& path);
 
+  // Parse an image already in memory (fuzzers, tests). Tensor views point into `data`, which
+  // must outlive the result; `name` starts error lines. Throws frink::Error.
+  static std::unique_ptr<ModelFile> from_gguf_bytes(const uint8_t* data, size_t n_bytes,
+                                                    const std::string& name);
+  static std::unique_ptr<ModelFile> from_safetensors_bytes(const uint8_t* data, size_t n_bytes,
+                                                           const std::string& name);
+
   FileFormat format() const { return format_; }
   const std::string& path() const { return path_; }
   const Metadata& metadata() const { return meta_; }
@@ -49,7 +57,8 @@ class ModelFile {
   const std::string& hf_config_json() const { return hf_config_json_; }
   const std::string& hf_dir() const { return hf_dir_; }    // folder of a SafeTensors model
 
-  // Used by the readers while building the file.
+  // Filled by the readers (src/format/gguf_reader.cpp, safetensors_reader.cpp) while building
+  // the file, and by tests that build a ModelFile by hand. Nothing changes them after open().
   FileFormat format_ = FileFormat::kGguf;
   std::string path_;
   Metadata meta_;
