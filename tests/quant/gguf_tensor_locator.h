@@ -29,9 +29,8 @@ class GgufTensorLocator {
     data_.assign(std::istreambuf_iterator<char>(f), {});
   }
 
-  // row_bytes(type, n_elems) converts an element count to a byte count.
-  template <typename RowBytes>
-  LocatedTensor find(const std::string& name, RowBytes row_bytes) {
+  // Parses the header and tensor infos; throws on a malformed header.
+  void parse() {
     pos_ = 0;
     if (get<uint32_t>() != 0x46554747u) throw std::runtime_error("not a GGUF file");
     if (get<uint32_t>() != 3) throw std::runtime_error("GGUF version is not 3");
@@ -47,8 +46,7 @@ class GgufTensorLocator {
         skip_value(type);
       }
     }
-    struct Info { std::string name; std::vector<int64_t> shape; uint32_t type; uint64_t offset; };
-    std::vector<Info> infos;
+    infos_.clear();
     for (uint64_t i = 0; i < n_tensors; ++i) {
       Info t;
       t.name = str();
@@ -56,15 +54,28 @@ class GgufTensorLocator {
       for (uint32_t d = 0; d < n_dims; ++d) t.shape.push_back(static_cast<int64_t>(get<uint64_t>()));
       t.type = get<uint32_t>();
       t.offset = get<uint64_t>();
-      infos.push_back(std::move(t));
+      infos_.push_back(std::move(t));
     }
-    const uint64_t data_start = (pos_ + alignment - 1) / alignment * alignment;
-    for (const auto& t : infos) {
+    data_start_ = (pos_ + alignment - 1) / alignment * alignment;
+  }
+
+  std::vector<std::string> names() {
+    if (infos_.empty()) parse();
+    std::vector<std::string> out;
+    for (const auto& t : infos_) out.push_back(t.name);
+    return out;
+  }
+
+  // row_bytes(type, n_elems) converts an element count to a byte count.
+  template <typename RowBytes>
+  LocatedTensor find(const std::string& name, RowBytes row_bytes) {
+    if (infos_.empty()) parse();
+    for (const auto& t : infos_) {
       if (t.name != name) continue;
       int64_t n = 1;
       for (int64_t d : t.shape) n *= d;
       const size_t bytes = row_bytes(t.type, n);
-      const uint64_t begin = data_start + t.offset;
+      const uint64_t begin = data_start_ + t.offset;
       if (begin + bytes > data_.size()) throw std::runtime_error("tensor runs past the end of the file");
       LocatedTensor out{t.type, t.shape, {}};
       out.bytes.assign(data_.begin() + static_cast<std::ptrdiff_t>(begin),
@@ -109,7 +120,15 @@ class GgufTensorLocator {
     }
   }
 
+  struct Info {
+    std::string name;
+    std::vector<int64_t> shape;
+    uint32_t type;
+    uint64_t offset;
+  };
   std::vector<uint8_t> data_;
+  std::vector<Info> infos_;
+  uint64_t data_start_ = 0;
   size_t pos_ = 0;
 };
 
