@@ -157,8 +157,8 @@ void GgufWriter::write(std::ostream& os) const {
   std::string h = head.str();
   os.write(h.data(), static_cast<std::streamsize>(h.size()));
   pos = h.size();
-  size_t data_start = align_up(pos, alignment_);
-  pad(os, pos, data_start);
+  if (tensors_.empty()) return;  // as llama.cpp: a vocab-only file ends after its header
+  pad(os, pos, align_up(pos, alignment_));
   std::vector<uint8_t> buf;
   for (const auto& t : tensors_) {
     if (t.data) {

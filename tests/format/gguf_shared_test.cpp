@@ -1,10 +1,13 @@
 // Every GGUF under ../shared/testdata opens, and spot checks against what llama.cpp wrote.
+#include <cstring>
 #include <filesystem>
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "format/gguf_writer.h"
 #include "format/model_file.h"
+#include "gguf_bytes.h"
 #include "support/test_support.h"
 
 namespace frink {
@@ -70,6 +73,39 @@ TEST(GgufShared, WrongKindNamesKey) {
   }
   EXPECT_THROW(mf->metadata().get_int("no.such.key"), Error);
   EXPECT_FALSE(mf->metadata().try_int("no.such.key").has_value());
+}
+
+}  // namespace
+}  // namespace frink
+
+namespace frink {
+namespace {
+
+// Rewriting llama.cpp's files with GgufWriter gives files of exactly the same size (same
+// layout and padding rules) that read back equal: our writer speaks llama.cpp's GGUF.
+TEST(GgufShared, RewriteMatchesLlamaCppLayout) {
+  FRINK_REQUIRE_SHARED();
+  for (const char* rel : {"models/stories260K.gguf", "llamacpp/quant/llama-dense-Q4_K_M.gguf",
+                          "vocab/ggml-vocab-llama-spm.gguf"}) {
+    SCOPED_TRACE(rel);
+    auto src = ModelFile::open((test::shared_testdata() / rel).string());
+    GgufWriter w;
+    w.set_all(src->metadata());
+    for (const auto& t : src->tensors()) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+    test::TempDir dir;
+    w.write(dir.file("copy.gguf"));
+    auto copy = ModelFile::open(dir.file("copy.gguf"));
+    EXPECT_EQ(copy->file_bytes(), src->file_bytes());
+    EXPECT_EQ(copy->metadata().entries().size(), src->metadata().entries().size());
+    for (const auto& [k, v] : src->metadata().entries()) EXPECT_TRUE(copy->metadata().get(k) == v) << k;
+    ASSERT_EQ(copy->tensors().size(), src->tensors().size());
+    for (size_t i = 0; i < src->tensors().size(); ++i) {
+      const auto &a = src->tensors()[i], &b = copy->tensors()[i];
+      EXPECT_EQ(a.name, b.name);
+      EXPECT_EQ(a.ne, b.ne);
+      EXPECT_EQ(std::memcmp(a.data, b.data, a.n_bytes), 0) << a.name;
+    }
+  }
 }
 
 }  // namespace
