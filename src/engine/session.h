@@ -1,0 +1,34 @@
+// Session: one sequence's state. Its KvCache per attention layer (host, authoritative), the
+// tokens it has consumed, and the context size it was planned for.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace frink {
+
+class Session {
+ public:
+  // n_ctx > 0 plans every cache for n_ctx rows; 0 lets them grow without bound.
+  Session(const Model& m, int64_t n_ctx);
+
+  int64_t n_past() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t n_ctx() const { return n_ctx_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  KvCache& cache(int64_t layer) { return caches_[static_cast<size_t>(layer)]; }
+
+  // Forgets everything after the first n tokens (n <= n_past()).
+  void truncate(int64_t n);
+  // Records tokens the decoder has just run through every layer.
+  void commit(const int32_t* tokens, int64_t n) { tokens_.insert(tokens_.end(), tokens, tokens + n); }
+
+ private:
+  int64_t n_ctx_;
+  std::vector<KvCache> caches_;
+  std::vector<int32_t> tokens_;
+};
+
+}  // namespace frink

@@ -1,0 +1,48 @@
+// KvCache: the keys and values of ONE attention layer of ONE sequence, on the host.
+//
+// Authority: this host copy is the truth. Truncation, the prefix cache, slot files and
+// every host reader use it; nothing here knows that a device exists. A device keeps a
+// MIRROR (src/cuda) that it trusts only while mirror.seq_len == rows(); anything that moves
+// this cache backwards leaves the two disagreeing, and the device re-uploads. To make that
+// rule hold even when a truncate is followed by host appends back to the same length,
+// every truncate bumps epoch(): a mirror records (rows, epoch) and is stale when either
+// differs.
+//
+// Rows are post-RoPE keys and values, exactly what attention reads: row r holds
+// [n_head_kv * head_dim] floats for the token at position r.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace frink {
+
+class KvCache {
+ public:
+  // planned_capacity > 0 bounds the rows (the context size) and reserves it up front;
+  // 0 means unbounded growth.
+  KvCache(int64_t k_width, int64_t v_width, int64_t planned_capacity);
+
+  int64_t rows() const { return rows_; }
+  int64_t k_width() const { return k_width_; }
+  int64_t v_width() const { return v_width_; }
+  int64_t planned_capacity() const { return planned_capacity_; }
+  uint64_t epoch() const { return epoch_; }
+
+  // Appends one token's K and V rows. Throws frink::Error when the planned capacity is full
+  // (the context is exhausted), leaving the cache unchanged.
+  void append(const float* k_row, const float* v_row);
+  // Keeps the first n rows (n <= rows()).
+  void truncate(int64_t n);
+
+  const float* k(int64_t row) const { return k_.data() + row * k_width_; }
+  const float* v(int64_t row) const { return v_.data() + row * v_width_; }
+
+ private:
+  int64_t k_width_, v_width_, planned_capacity_;
+  int64_t rows_ = 0;
+  uint64_t epoch_ = 0;
+  std::vector<float> k_, v_;
+};
+
+}  // namespace frink

@@ -1,0 +1,83 @@
+// gemma2 and gemma3: embeddings scaled by sqrt(n_embd), sandwich norms around attention and
+// FFN, GELU(tanh)-gated FFN, NEOX rotary embeddings, and sliding-window attention on a
+// fixed layer pattern. gemma2 adds attention and final logit softcaps; gemma3 adds per-head
+// q/k RMSNorm and a separate rope base for its local (windowed) layers.
+// Norm weights in GGUF already hold (1 + w): llama.cpp's converter adds the one.
+#include <cmath>
+
+#include "model/arch_common.h"
+#include "model/model.h"
+
+namespace frink::arch {
+
+namespace {
+
+// llama.cpp's set_swa_pattern(n): layer il is windowed when il % n < n - 1.
+void set_window_pattern(Hparams& hp, int64_t pattern, int64_t window) {
+  for (int64_t il = 0; il < hp.n_layer; ++il)
+    if (il % pattern < pattern - 1) hp.layers[static_cast<size_t>(il)].window = window;
+}
+
+void read_gemma_common(const Metadata& meta, Hparams& hp) {
+  read_common(meta, hp, RopeKind::kNeox);
+  hp.norm = NormKind::kRms;
+  hp.norm_eps = static_cast<float>(meta.get_float(key(hp, "attention.layer_norm_rms_epsilon")));
+  hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
+  for (auto& p : hp.layers) {
+    p.act = Activation::kGeluTanh;
+    p.post_attn_norm = true;
+    p.post_ffn_norm = true;
+  }
+}
+
+void read_gemma2(const Metadata& meta, Hparams& hp) {
+  read_gemma_common(meta, hp);
+  const float attn_cap = static_cast<float>(meta.try_float(key(hp, "attn_logit_softcapping")).value_or(50.0));
+  hp.final_softcap = static_cast<float>(meta.try_float(key(hp, "final_logit_softcapping")).value_or(30.0));
+  // llama.cpp computes gemma2's query scale from the head size (1/sqrt(hd)), as read_common
+  // already set; attention.scale in the file is not read.
+  for (auto& p : hp.layers) p.attn_softcap = attn_cap;
+  set_window_pattern(hp, 2, meta.get_int(key(hp, "attention.sliding_window")));
+}
+
+void read_gemma3(const Metadata& meta, Hparams& hp) {
+  read_gemma_common(meta, hp);
+  const float base_swa = static_cast<float>(meta.try_float(key(hp, "rope.freq_base_swa")).value_or(10000.0));
+  for (auto& p : hp.layers) p.qk_norm = true;
+  set_window_pattern(hp, 6, meta.get_int(key(hp, "attention.sliding_window")));
+  // Local layers use their own base and no position scaling (HF's rope_local_base_freq).
+  for (auto& p : hp.layers)
+    if (p.window > 0) {
+      p.rope.freq_base = base_swa;
+      p.rope.freq_scale = 1.0f;
+    }
+}
+
+void load_gemma(const Hparams& hp, WeightLoader& ld, Weights& w, bool qk_norm) {
+  load_io(hp, ld, w);
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    auto& l = w.layers[static_cast<size_t>(il)];
+    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    // gemma's graph applies q/k/v biases and scales when present, the output scale but
+    // not an output bias, and nothing extra on the FFN.
+    const LayerExtras x{{true, true}, {false, true}, {false, false}};
+    load_attention(hp, ld, il, l, x);
+    if (qk_norm) {
+      l.q_norm = ld.norm(blk(il, "attn_q_norm"), p.head_dim_k, false, true);
+      l.k_norm = ld.norm(blk(il, "attn_k_norm"), p.head_dim_k, false, true);
+    }
+    l.post_attn_norm = ld.norm(blk(il, "post_attention_norm"), hp.n_embd, false, true);
+    load_ffn(hp, ld, il, l, x);
+    l.post_ffn_norm = ld.norm(blk(il, "post_ffw_norm"), hp.n_embd, false, true);
+  }
+}
+
+void load_gemma2(const Hparams& hp, WeightLoader& ld, Weights& w) { load_gemma(hp, ld, w, false); }
+void load_gemma3(const Hparams& hp, WeightLoader& ld, Weights& w) { load_gemma(hp, ld, w, true); }
+
+}  // namespace
+
+extern const ArchDef kGemma2{"gemma2", read_gemma2, load_gemma2};
+extern const ArchDef kGemma3{"gemma3", read_gemma3, load_gemma3};
+
+}  // namespace frink::arch

@@ -1,0 +1,71 @@
+// Hparams: one model's hyper-parameters, read with exactly the GGUF keys its architecture
+// defines (llama.cpp's names and semantics), and the LayerPlan: what each layer is.
+// Files carry many keys an architecture does not read (llama.cpp's test models set a
+// softcap on llama, for instance); only the architecture's own reader (src/model/arch_*.cpp)
+// decides which keys mean something, so an unused key can never change a result.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace frink {
+
+enum class NormKind { kRms, kLayer };                 // RMSNorm, or LayerNorm with bias
+enum class RopeKind { kNone, kNorm, kNeox };          // kNorm rotates adjacent pairs (x0,x1),
+                                                      // kNeox pairs (x_i, x_{i+d/2})
+enum class Activation { kSilu, kGeluTanh };
+// kGated: down(act(gate x) * up x); kGatedFused: the same with gate|up stacked in one
+// 2*n_ff-wide ffn_up (phi3); kPlain: down(act(up x)).
+enum class FfnKind { kGated, kGatedFused, kPlain };
+
+struct RopeParams {
+  RopeKind kind = RopeKind::kNone;
+  int64_t n_rot = 0;             // rotated dims of each head (partial rotary when < head_dim)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;       // positions are multiplied by this (linear scaling: 1/factor)
+  // YaRN (ggml's rope_yarn); ext_factor 0 disables it.
+  float ext_factor = 0.0f;
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+  int64_t n_ctx_orig = 0;
+  bool use_freq_factors = false; // divide each pair's frequency by rope_freqs.weight[i]
+};
+
+struct LayerPlan {
+  int64_t n_head = 0, n_head_kv = 0;
+  int64_t head_dim_k = 0, head_dim_v = 0;
+  int64_t window = 0;            // sliding window: a query at p sees keys in (p - window, p];
+                                 // 0 = full causal attention
+  RopeParams rope;
+  float attn_scale = 0.0f;       // multiplies Q.K (set by the arch reader, never 0 after load)
+  float attn_softcap = 0.0f;     // scores -> c * tanh(scores / c) when > 0
+  bool alibi = false;            // ALiBi position bias (bloom)
+  bool qk_norm = false;          // RMSNorm on each head of q and k before RoPE (qwen3, gemma3)
+  bool post_attn_norm = false;   // sandwich norms (gemma2/3): norm the branch output
+  bool post_ffn_norm = false;
+  bool parallel_residual = false;// x + attn(n(x)) + ffn(n'(x)) (falcon, phi2-style)
+  FfnKind ffn = FfnKind::kGated;
+  Activation act = Activation::kSilu;
+  int64_t n_ff = 0;
+};
+
+struct Hparams {
+  std::string arch;              // general.architecture
+  std::string name;              // general.name, for logs
+  int64_t n_vocab = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_ctx_train = 0;
+  NormKind norm = NormKind::kRms;
+  float norm_eps = 1e-5f;
+  float embd_scale = 0.0f;       // inputs multiplied by this when > 0 (gemma: sqrt(n_embd))
+  bool embd_norm = false;        // LayerNorm right after the embedding (bloom)
+  float final_softcap = 0.0f;    // logits -> c * tanh(logits / c) when > 0
+  float max_alibi_bias = 0.0f;
+  std::vector<LayerPlan> layers;
+
+  int64_t max_kv_width() const;  // widest n_head_kv * head_dim over layers
+};
+
+}  // namespace frink

@@ -1,0 +1,90 @@
+// Weights: views into the mapped model file, one struct per layer, shapes in comments in
+// ggml order ([ne0] = row length). Nothing is copied except 1-D vectors stored as F16/BF16
+// (norm weights and biases of SafeTensors models), which are widened once to f32.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "format/model_file.h"
+#include "model/hparams.h"
+
+namespace frink {
+
+// y = W x (+ b), W a matrix [n_in] -> [n_out] in any supported block type.
+struct Linear {
+  const TensorView* w = nullptr;   // ne = {n_in, n_out}
+  const float* b = nullptr;        // [n_out] or null
+  float scale = 1.0f;              // per-tensor output scale ("*.scale" tensors) or 1
+  // llama.cpp applies the scale after the bias in FFN projections ((Wx + b) * s) but
+  // before it in attention projections (Wx * s + b); this records which.
+  bool bias_before_scale = false;
+  explicit operator bool() const { return w != nullptr; }
+  int64_t n_in() const { return w->ne[0]; }
+  int64_t n_out() const { return w->ne[1]; }
+};
+
+struct Norm {
+  const float* w = nullptr;        // [n]
+  const float* b = nullptr;        // [n], LayerNorm only
+  explicit operator bool() const { return w != nullptr; }
+};
+
+struct LayerWeights {
+  Norm attn_norm;                  // [n_embd]
+  Linear wq, wk, wv;               // n_embd -> n_head*hd_k | n_head_kv*hd_k | n_head_kv*hd_v
+  Linear wqkv;                     // fused alternative: n_embd -> q|k|v concatenated
+  Norm q_norm, k_norm;             // [hd_k], per head (qk_norm)
+  Linear wo;                       // n_head*hd_v -> n_embd
+  Norm post_attn_norm;             // [n_embd] (sandwich)
+  Norm ffn_norm;                   // [n_embd]
+  Linear ffn_gate, ffn_up;         // n_embd -> n_ff (ffn_up is 2*n_ff wide when fused with gate)
+  Linear ffn_down;                 // n_ff -> n_embd
+  Norm post_ffn_norm;              // [n_embd]
+};
+
+struct Weights {
+  const TensorView* tok_embd = nullptr;  // {n_embd, n_vocab}
+  Norm embd_norm;                        // bloom
+  Norm output_norm;
+  Linear output;                         // {n_embd, n_vocab}; tok_embd when tied
+  const float* rope_freqs = nullptr;     // [n_rot/2] frequency divisors, when the plan uses them
+  std::vector<LayerWeights> layers;
+
+  // Owned f32 copies of 1-D tensors stored in 16-bit types (deque: stable addresses).
+  std::deque<std::vector<float>> owned;
+};
+
+// Loads tensors by GGUF name and checks each shape exactly. Required tensors that are
+// missing, or any tensor of the wrong shape or an unsupported type, are bad input
+// (frink::Error naming the tensor).
+class WeightLoader {
+ public:
+  WeightLoader(const ModelFile& file, Weights& out) : file_(file), out_(out) {}
+
+  // name is the full GGUF name ("blk.3.attn_q.weight"); shape in ggml order.
+  const TensorView* matrix(const std::string& name, std::vector<int64_t> shape, bool required);
+  const float* vector(const std::string& name, int64_t n, bool required);
+  Norm norm(const std::string& base, int64_t n, bool with_bias, bool required);
+  // base.weight {n_in, n_out} [+ base.bias when `bias`] [+ base.scale when `scale`], as an
+  // attention projection (Wx * s + b) or, with `ffn`, an FFN one ((Wx + b) * s).
+  struct LinearOpts {
+    bool bias = false;
+    bool scale = false;
+    bool ffn = false;
+    bool required = true;
+  };
+  Linear linear(const std::string& base, int64_t n_in, int64_t n_out, LinearOpts opts);
+  // A per-tensor scalar (shape {1}) or `fallback` when absent.
+  float scalar(const std::string& name, float fallback);
+
+ private:
+  const ModelFile& file_;
+  Weights& out_;
+};
+
+std::string blk(int64_t layer, const char* what);  // "blk.<layer>.<what>"
+
+}  // namespace frink

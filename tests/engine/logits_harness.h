@@ -1,0 +1,35 @@
+// Runs a model the way llama.cpp's fixture harness did: one batched prefill of the prompt
+// (logits for every position), then greedy decoding one token at a time, recording the
+// logits after each step. Shared by the llama.cpp-oracle tests and the transformers ones.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace frink::test {
+
+struct LogitsRun {
+  std::vector<float> prefill;       // [n_prompt][n_vocab]
+  std::vector<float> decode;        // [n_steps][n_vocab], after feeding greedy[i]
+  std::vector<int32_t> greedy;      // argmax chosen at each step (greedy[0] from the prefill)
+  int64_t n_vocab = 0;
+};
+
+LogitsRun run_logits(const std::string& model_path, const std::vector<int32_t>& prompt, int n_steps,
+                     int64_t n_batch = 512);
+
+// A fixture json of llama.cpp's layout: prompt, greedy, prefill_logits, decode_logits.
+struct LogitsFixture {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> greedy;
+  std::vector<float> prefill;
+  std::vector<float> decode;
+  int64_t n_vocab = 0;
+};
+LogitsFixture read_fixture(const std::filesystem::path& json_path);
+
+int32_t argmax(const float* x, int64_t n);
+
+}  // namespace frink::test
