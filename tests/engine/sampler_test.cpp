@@ -1,0 +1,262 @@
+// Sampler: each stage alone, the chain's order, seeding, and the drawn distribution against
+// softmax(logits / T) (semantics in src/engine/sampler.h, after llama.cpp's llama-sampling.cpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace frink {
+namespace {
+
+std::vector<TokenLogit> cands_of(const std::vector<float>& logits) {
+  std::vector<TokenLogit> c;
+  for (size_t i = 0; i < logits.size(); ++i) c.push_back({int32_t(i), logits[i]});
+  return c;
+}
+
+std::set<int32_t> ids_of(const std::vector<TokenLogit>& c) {
+  std::set<int32_t> s;
+  for (const TokenLogit& t : c) s.insert(t.id);
+  return s;
+}
+
+// Logits whose softmax is exactly `probs`.
+std::vector<float> logits_for(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(float(std::log(p)));
+  return l;
+}
+
+SamplerParams no_truncation(float temp, int64_t seed) {
+  SamplerParams p;
+  p.temp = temp;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.seed = seed;
+  return p;
+}
+
+std::vector<float> random_logits(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> l(n);
+  for (float& x : l) x = dist(rng);
+  return l;
+}
+
+int32_t argmax_of(const std::vector<float>& l) {
+  return int32_t(std::max_element(l.begin(), l.end()) - l.begin());  // first max
+}
+
+TEST(Sampler, GreedyPicksArgmax) {
+  SamplerParams p;
+  p.temp = 0.0f;
+  for (uint32_t s = 0; s < 20; ++s) {
+    const std::vector<float> l = random_logits(1000, s);
+    Sampler sampler(p, 1000);
+    EXPECT_EQ(sampler.sample(l.data()), argmax_of(l)) << "logits seed " << s;
+  }
+}
+
+TEST(Sampler, GreedyTiesGoToLowestId) {
+  SamplerParams p;
+  p.temp = -1.0f;
+  const std::vector<float> l = {0.5f, 2.0f, -1.0f, 2.0f, 2.0f};
+  Sampler sampler(p, 5);
+  EXPECT_EQ(sampler.sample(l.data()), 1);
+}
+
+TEST(Sampler, TopK1EqualsGreedy) {
+  SamplerParams p;
+  p.temp = 1.5f;
+  p.top_k = 1;
+  for (int64_t seed = 0; seed < 50; ++seed) {
+    p.seed = seed;
+    const std::vector<float> l = random_logits(300, uint32_t(seed));
+    Sampler sampler(p, 300);
+    EXPECT_EQ(sampler.sample(l.data()), argmax_of(l)) << "seed " << seed;
+  }
+}
+
+TEST(Sampler, SeededSamplingIsReproducible) {
+  const std::vector<float> l(50, 0.0f);  // uniform: two independent draws agree 1 time in 50
+  SamplerParams p = no_truncation(1.0f, 1234);
+  Sampler a(p, 50), b(p, 50);
+  std::vector<int32_t> first;
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = a.sample(l.data());
+    EXPECT_EQ(t, b.sample(l.data())) << "draw " << i;
+    first.push_back(t);
+  }
+  a.reset();  // a fixed seed replays the same draws
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(a.sample(l.data()), first[i]) << "draw " << i;
+
+  p.seed = 1235;
+  Sampler c(p, 50);
+  int same = 0;
+  for (int i = 0; i < 200; ++i) same += c.sample(l.data()) == first[i];
+  EXPECT_LT(same, 30) << "another seed should give another sequence (expected ~4 of 200)";
+}
+
+// N draws at temperature T; each token's frequency must lie within 5 standard deviations of
+// the binomial, sqrt(p(1-p)/N), of softmax(logits / T). The seed is fixed, so the test is
+// deterministic; for a fair sampler a 5-sigma miss over 5 tokens has probability ~3e-6.
+TEST(Sampler, FrequenciesMatchSoftmaxOverTemperature) {
+  const std::vector<float> l = {1.0f, 0.5f, 0.0f, -0.5f, -1.0f};
+  const int n = 200000;
+  for (float temp : {0.7f, 1.0f, 2.0f}) {
+    Sampler sampler(no_truncation(temp, 42), 5);
+    std::vector<int> hits(5, 0);
+    for (int i = 0; i < n; ++i) ++hits[sampler.sample(l.data())];
+    double total = 0;
+    for (float x : l) total += std::exp(x / temp);
+    for (int t = 0; t < 5; ++t) {
+      const double p = std::exp(l[t] / temp) / total;
+      const double sigma = std::sqrt(p * (1 - p) / n);
+      EXPECT_NEAR(double(hits[t]) / n, p, 5 * sigma) << "T " << temp << " token " << t;
+    }
+  }
+}
+
+TEST(SamplerStages, TopKKeepsTheKHighest) {
+  std::vector<TokenLogit> c = cands_of({0.1f, 3.0f, -2.0f, 2.0f, 1.0f});
+  sampling::top_k(c, 2);
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{1, 3}));
+  c = cands_of({0.1f, 3.0f});
+  sampling::top_k(c, 0);  // off
+  EXPECT_EQ(c.size(), 2u);
+}
+
+// probs 0.5, 0.3, 0.15, 0.05 in shuffled id order.
+const std::vector<double> kProbs = {0.15, 0.5, 0.05, 0.3};
+
+TEST(SamplerStages, TopPKeepsTheSmallestPrefixReachingP) {
+  std::vector<TokenLogit> c = cands_of(logits_for(kProbs));
+  sampling::top_p(c, 0.75f);  // 0.5 + 0.3 = 0.8 >= 0.75
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{1, 3}));
+  c = cands_of(logits_for(kProbs));
+  sampling::top_p(c, 0.85f);  // needs 0.15 too
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{0, 1, 3}));
+  c = cands_of(logits_for(kProbs));
+  sampling::top_p(c, 0.1f);  // the top token alone already reaches it
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{1}));
+  c = cands_of(logits_for(kProbs));
+  sampling::top_p(c, 1.0f);  // off
+  EXPECT_EQ(c.size(), 4u);
+}
+
+TEST(SamplerStages, MinPIsRelativeToTheTopProbability) {
+  std::vector<TokenLogit> c = cands_of(logits_for(kProbs));
+  sampling::min_p(c, 0.2f);  // keeps p >= 0.1
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{0, 1, 3}));
+  c = cands_of(logits_for(kProbs));
+  sampling::min_p(c, 0.5f);  // keeps p >= 0.25
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{1, 3}));
+  c = cands_of(logits_for(kProbs));
+  sampling::min_p(c, 2.0f);  // nothing passes: the top token stays (min_keep 1)
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{1}));
+}
+
+// The whole chain never draws what top-p or min-p cut, and top-p sees temperature-1
+// probabilities: a high temperature flattens the survivors but keeps the cut where it was.
+TEST(Sampler, TruncationHoldsThroughTheChainAtAnyTemperature) {
+  const std::vector<float> l = logits_for(kProbs);
+  for (float temp : {0.5f, 1.0f, 5.0f}) {
+    SamplerParams p = no_truncation(temp, 9);
+    p.top_p = 0.75f;
+    Sampler top_p(p, 4);
+    p.top_p = 1.0f;
+    p.min_p = 0.5f;
+    Sampler min_p(p, 4);
+    std::set<int32_t> seen_p, seen_m;
+    for (int i = 0; i < 5000; ++i) {
+      seen_p.insert(top_p.sample(l.data()));
+      seen_m.insert(min_p.sample(l.data()));
+    }
+    EXPECT_EQ(seen_p, (std::set<int32_t>{1, 3})) << "top-p, T " << temp;
+    EXPECT_EQ(seen_m, (std::set<int32_t>{1, 3})) << "min-p, T " << temp;
+  }
+}
+
+SamplerParams greedy_with(float repeat, float presence, float frequency, int last_n = 64) {
+  SamplerParams p;
+  p.temp = 0.0f;
+  p.repeat_penalty = repeat;
+  p.presence_penalty = presence;
+  p.frequency_penalty = frequency;
+  p.penalty_last_n = last_n;
+  return p;
+}
+
+TEST(SamplerPenalties, RepeatDividesPositiveAndMultipliesNegative) {
+  const std::vector<float> pos = {2.0f, 1.9f, 0.0f};  // 2.0 / 1.1 = 1.82 < 1.9
+  Sampler a(greedy_with(1.1f, 0, 0), 3);
+  EXPECT_EQ(a.sample(pos.data()), 0);
+  a.accept(0);
+  EXPECT_EQ(a.sample(pos.data()), 1);
+
+  const std::vector<float> neg = {-1.0f, -1.05f, -3.0f};  // -1.0 * 1.1 = -1.1 < -1.05
+  Sampler b(greedy_with(1.1f, 0, 0), 3);
+  b.accept(0);
+  EXPECT_EQ(b.sample(neg.data()), 1);
+}
+
+TEST(SamplerPenalties, PresenceOnceFrequencyPerOccurrence) {
+  const std::vector<float> l = {1.0f, 0.8f};
+  Sampler presence(greedy_with(1.0f, 0.3f, 0), 2);
+  presence.accept(0);
+  EXPECT_EQ(presence.sample(l.data()), 1);  // 1.0 - 0.3 = 0.7
+
+  Sampler frequency(greedy_with(1.0f, 0, 0.15f), 2);
+  frequency.accept(0);
+  EXPECT_EQ(frequency.sample(l.data()), 0);  // 1.0 - 0.15 = 0.85
+  frequency.accept(0);
+  EXPECT_EQ(frequency.sample(l.data()), 1);  // 1.0 - 0.30 = 0.70
+
+  Sampler presence_twice(greedy_with(1.0f, 0.15f, 0), 2);
+  presence_twice.accept(0);
+  presence_twice.accept(0);
+  EXPECT_EQ(presence_twice.sample(l.data()), 0);  // 1.0 - 0.15 once = 0.85
+}
+
+TEST(SamplerPenalties, OnlyTheLastNTokensCountAndResetForgets) {
+  const std::vector<float> l = {1.0f, 0.8f, -5.0f, -5.0f};
+  Sampler s(greedy_with(1.0f, 0.3f, 0, /*last_n=*/2), 4);
+  s.accept(0);
+  EXPECT_EQ(s.sample(l.data()), 1);
+  s.accept(2);
+  EXPECT_EQ(s.sample(l.data()), 1);  // window {0, 2}
+  s.accept(3);
+  EXPECT_EQ(s.sample(l.data()), 0);  // window {2, 3}: token 0 left it
+  s.accept(0);
+  EXPECT_EQ(s.sample(l.data()), 1);
+  s.reset();
+  EXPECT_EQ(s.sample(l.data()), 0);
+
+  Sampler off(greedy_with(1.0f, 0.3f, 0, /*last_n=*/0), 4);
+  off.accept(0);
+  EXPECT_EQ(off.sample(l.data()), 0);
+}
+
+// Penalties run before truncation and temperature, as in llama.cpp: a penalised token can
+// fall out of top-k = 1.
+TEST(SamplerPenalties, ApplyBeforeTopK) {
+  SamplerParams p = greedy_with(1.0f, 0.5f, 0);
+  p.temp = 1.0f;
+  p.top_k = 1;
+  p.seed = 3;
+  const std::vector<float> l = {1.0f, 0.8f, 0.0f};
+  Sampler s(p, 3);
+  EXPECT_EQ(s.sample(l.data()), 0);
+  s.accept(0);
+  EXPECT_EQ(s.sample(l.data()), 1);
+}
+
+}  // namespace
+}  // namespace frink
