@@ -21,5 +21,6 @@ const std::vector<Command>& commands();
 
 // One per file in src/cli/ (<name>.cpp).
 Runner add_info(CLI::App& app);
+Runner add_tokenize(CLI::App& app);
 
 }  // namespace frink::cli
