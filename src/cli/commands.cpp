@@ -5,7 +5,13 @@ namespace frink::cli {
 const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
       {"info", add_info},
+      {"synth", add_synth},
+      {"bench", add_bench},
+      {"perplexity", add_perplexity},
+      {"run", add_run},
+      {"logits", add_logits},
       {"tokenize", add_tokenize},
+      {"template", add_template},
   };
   return kCommands;
 }

@@ -21,6 +21,12 @@ const std::vector<Command>& commands();
 
 // One per file in src/cli/ (<name>.cpp).
 Runner add_info(CLI::App& app);
+Runner add_synth(CLI::App& app);
+Runner add_bench(CLI::App& app);
+Runner add_perplexity(CLI::App& app);
+Runner add_run(CLI::App& app);
+Runner add_logits(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
+Runner add_template(CLI::App& app);
 
 }  // namespace frink::cli

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -57,8 +58,14 @@ class ModelFile {
   const std::string& hf_config_json() const { return hf_config_json_; }
   const std::string& hf_dir() const { return hf_dir_; }    // folder of a SafeTensors model
 
+  // Replaces the tensor list (the SafeTensors translation renames tensors and adds derived
+  // ones); `owned` keeps alive the bytes of tensors that are not views into the mapping.
+  void replace_tensors(std::vector<TensorView> tensors) { tensors_ = std::move(tensors); }
+  std::vector<uint8_t>& own_bytes(size_t n) { return owned_.emplace_back(n); }
+
   // Filled by the readers (src/format/gguf_reader.cpp, safetensors_reader.cpp) while building
-  // the file, and by tests that build a ModelFile by hand. Nothing changes them after open().
+  // the file, and by tests that build a ModelFile by hand. Nothing changes them after open()
+  // except the SafeTensors translation above.
   FileFormat format_ = FileFormat::kGguf;
   std::string path_;
   Metadata meta_;
@@ -67,6 +74,7 @@ class ModelFile {
   uint32_t gguf_version_ = 0;
   std::string hf_config_json_;
   std::string hf_dir_;
+  std::deque<std::vector<uint8_t>> owned_;  // deque: element addresses stay put
 };
 
 }  // namespace frink

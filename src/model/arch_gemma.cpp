@@ -5,6 +5,7 @@
 // Norm weights in GGUF already hold (1 + w): llama.cpp's converter adds the one.
 #include <cmath>
 
+#include "core/error.h"
 #include "model/arch_common.h"
 #include "model/model.h"
 
@@ -12,10 +13,30 @@ namespace frink::arch {
 
 namespace {
 
+// Which layers attend through the sliding window: attention.sliding_window_pattern as one
+// bool per layer when the file has it (SafeTensors configs list layer_types), else
 // llama.cpp's set_swa_pattern(n): layer il is windowed when il % n < n - 1.
-void set_window_pattern(Hparams& hp, int64_t pattern, int64_t window) {
+void set_window_pattern(const Metadata& meta, Hparams& hp, int64_t default_pattern) {
+  const int64_t window = meta.get_int(key(hp, "attention.sliding_window"));
+  const MetaValue* v = meta.find(key(hp, "attention.sliding_window_pattern"));
+  if (v && v->is_array()) {
+    if (static_cast<int64_t>(v->size()) != hp.n_layer)
+      fail("{} has {} entries for {} layers", key(hp, "attention.sliding_window_pattern"), v->size(), hp.n_layer);
+    for (int64_t il = 0; il < hp.n_layer; ++il)
+      if (v->as_array()[static_cast<size_t>(il)].as_bool()) hp.layers[static_cast<size_t>(il)].window = window;
+    return;
+  }
+  const int64_t pattern = v ? v->as_int() : default_pattern;
+  if (pattern <= 0) fail("{} = {} is not a layer pattern", key(hp, "attention.sliding_window_pattern"), pattern);
   for (int64_t il = 0; il < hp.n_layer; ++il)
     if (il % pattern < pattern - 1) hp.layers[static_cast<size_t>(il)].window = window;
+}
+
+// llama.cpp: 1/sqrt(head_dim), except Gemma 2/3 27B (46 / 62 layers), whose query scale is
+// 1/sqrt(n_embd / n_head) (HF's query_pre_attn_scalar).
+void set_query_scale(Hparams& hp, int64_t big_layers) {
+  for (auto& p : hp.layers)
+    if (hp.n_layer == big_layers) p.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd / p.n_head));
 }
 
 void read_gemma_common(const Metadata& meta, Hparams& hp) {
@@ -37,14 +58,16 @@ void read_gemma2(const Metadata& meta, Hparams& hp) {
   // llama.cpp computes gemma2's query scale from the head size (1/sqrt(hd)), as read_common
   // already set; attention.scale in the file is not read.
   for (auto& p : hp.layers) p.attn_softcap = attn_cap;
-  set_window_pattern(hp, 2, meta.get_int(key(hp, "attention.sliding_window")));
+  set_window_pattern(meta, hp, 2);
+  set_query_scale(hp, 46);
 }
 
 void read_gemma3(const Metadata& meta, Hparams& hp) {
   read_gemma_common(meta, hp);
   const float base_swa = static_cast<float>(meta.try_float(key(hp, "rope.freq_base_swa")).value_or(10000.0));
   for (auto& p : hp.layers) p.qk_norm = true;
-  set_window_pattern(hp, 6, meta.get_int(key(hp, "attention.sliding_window")));
+  set_window_pattern(meta, hp, 6);
+  set_query_scale(hp, 62);
   // Local layers use their own base and no position scaling (HF's rope_local_base_freq).
   for (auto& p : hp.layers)
     if (p.window > 0) {

@@ -1,0 +1,50 @@
+#include "cli/model_options.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace frink::cli {
+
+void add_model_options(CLI::App& cmd, ModelOptions& o) {
+  cmd.add_option("-m,--model", o.model, "model file (.gguf) or SafeTensors folder");
+  cmd.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
+  cmd.add_option("-c,--ctx-size", o.ctx, "context size in tokens (default: the model's)");
+  cmd.add_option("-b,--batch-size", o.batch, "prompt tokens per batch")->check(CLI::PositiveNumber);
+  cmd.add_option("--device", o.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd.add_flag("-v,--verbose", o.verbose, "log more to stderr");
+}
+
+void add_sampling_options(CLI::App& cmd, SamplerParams& p) {
+  cmd.add_option("--temp", p.temp, "temperature; 0 = greedy");
+  cmd.add_option("--top-k", p.top_k, "top-k sampling (0 = off)");
+  cmd.add_option("--top-p", p.top_p, "top-p sampling (1 = off)");
+  cmd.add_option("--min-p", p.min_p, "min-p sampling (0 = off)");
+  cmd.add_option("--repeat-penalty", p.repeat_penalty, "repetition penalty (1 = off)");
+  cmd.add_option("--repeat-last-n", p.penalty_last_n, "tokens the penalties look back on");
+  cmd.add_option("--presence-penalty", p.presence_penalty, "presence penalty");
+  cmd.add_option("--frequency-penalty", p.frequency_penalty, "frequency penalty");
+  cmd.add_option("-s,--seed", p.seed, "random seed (-1 = random)");
+}
+
+std::unique_ptr<Model> load_model_for(const ModelOptions& o) {
+  if (o.verbose) set_log_level(LogLevel::kDebug);
+  if (o.model.empty()) fail("no model given: pass -m MODEL");
+  if (o.device == "cuda") fail("--device cuda: this build has no CUDA device path yet; use --device cpu");
+  return load_model(o.model);
+}
+
+DecoderOptions decoder_options(const ModelOptions& o) {
+  DecoderOptions d;
+  d.n_threads = o.threads;
+  d.n_batch = o.batch;
+  return d;
+}
+
+int64_t context_size(const ModelOptions& o, const Model& m) {
+  if (o.ctx < 0) fail("-c must not be negative");
+  return o.ctx > 0 ? o.ctx : m.hp.n_ctx_train;
+}
+
+}  // namespace frink::cli

@@ -1,0 +1,35 @@
+// Options every model-running subcommand shares, spelled like llama.cpp's tools
+// (-m, -t, -c, -b, sampling flags), registered in one place so they mean the same everywhere.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "engine/decoder.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+
+namespace frink::cli {
+
+struct ModelOptions {
+  std::string model;          // -m; empty: the model shipped with frink (models/)
+  int threads = 0;            // -t; 0: all cores
+  int64_t ctx = 0;            // -c; 0: the model's training context
+  int64_t batch = 512;        // -b
+  std::string device = "auto";
+  bool verbose = false;
+};
+
+void add_model_options(CLI::App& cmd, ModelOptions& o);
+void add_sampling_options(CLI::App& cmd, SamplerParams& p);
+
+// Applies --verbose, resolves the model path and --device, loads the model.
+std::unique_ptr<Model> load_model_for(const ModelOptions& o);
+DecoderOptions decoder_options(const ModelOptions& o);
+// The context size a session should plan for: -c, or the model's training context.
+int64_t context_size(const ModelOptions& o, const Model& m);
+
+}  // namespace frink::cli

@@ -1,0 +1,78 @@
+// frink run: complete a prompt, streaming the text to stdout as it is produced. Logs and
+// the timing summary go to stderr, so stdout is exactly the generated text.
+#include <csignal>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "core/error.h"
+#include "engine/generate.h"
+
+namespace frink::cli {
+
+namespace {
+
+struct RunArgs {
+  ModelOptions model;
+  SamplerParams sampling;
+  std::string prompt;
+  std::string prompt_file;
+  int n_predict = 128;
+  bool no_bos = false;
+  bool no_display_prompt = false;
+};
+
+int run(const RunArgs& a) {
+  auto m = load_model_for(a.model);
+  auto tok = Tokenizer::from_gguf(m->file->metadata());
+  std::string prompt = a.prompt;
+  if (!a.prompt_file.empty()) {
+    std::FILE* f = std::fopen(a.prompt_file.c_str(), "rb");
+    if (!f) fail("cannot open prompt file {}", a.prompt_file);
+    char buf[65536];
+    size_t n;
+    prompt.clear();
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, n);
+    std::fclose(f);
+  }
+  std::vector<int32_t> ids = tok->encode(prompt, !a.no_bos, true);
+  if (ids.empty()) fail("the prompt is empty; pass -p TEXT");
+  Decoder dec(*m, decoder_options(a.model));
+  Session s(*m, context_size(a.model, *m));
+  GenerateOptions g;
+  g.n_predict = a.n_predict;
+  g.sampling = a.sampling;
+  if (!a.no_display_prompt) {  // llama.cpp's tools print the prompt first, too
+    std::fputs(prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  GenerateStats st = generate(dec, s, *tok, ids, g, [](const std::string& piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  std::fprintf(stderr, "\nprompt: %lld tokens in %.2f s (%.2f tok/s)\n", static_cast<long long>(st.n_prompt),
+               st.prompt_seconds, st.n_prompt / std::max(1e-9, st.prompt_seconds));
+  std::fprintf(stderr, "generation: %lld tokens in %.2f s (%.2f tok/s)%s\n", static_cast<long long>(st.n_generated),
+               st.generate_seconds, st.n_generated / std::max(1e-9, st.generate_seconds),
+               st.hit_eog ? ", stopped at end of text" : st.hit_context_limit ? ", context full" : "");
+  return 0;
+}
+
+}  // namespace
+
+Runner add_run(CLI::App& app) {
+  auto a = std::make_shared<RunArgs>();
+  auto* cmd = app.add_subcommand("run", "generate text from a prompt");
+  add_model_options(*cmd, a->model);
+  add_sampling_options(*cmd, a->sampling);
+  cmd->add_option("-p,--prompt", a->prompt, "prompt text");
+  cmd->add_option("-f,--file", a->prompt_file, "read the prompt from a file");
+  cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate (-1 = until end of text)");
+  cmd->add_flag("--no-bos", a->no_bos, "do not add the BOS token");
+  cmd->add_flag("--no-display-prompt", a->no_display_prompt, "print only the generated text");
+  return [a] { return run(*a); };
+}
+
+}  // namespace frink::cli
