@@ -1,0 +1,170 @@
+// frink template (-m MODEL | --file TEMPLATE.jinja) --messages MESSAGES.json [--tools TOOLS.json]
+//   [--add-generation-prompt] [--bos TEXT] [--eos TEXT] [--date YYYY-MM-DD] [--var KEY=JSON]...
+// Prints the prompt a chat renders to, as transformers' apply_chat_template(tokenize=False)
+// would. The template is the GGUF's tokenizer.chat_template, or for a SafeTensors folder
+// chat_template.jinja / tokenizer_config.json's chat_template. With -m, BOS and EOS default to
+// the model's own tokens. A template using something frink's Jinja engine lacks gets a
+// warning on stderr and ChatML instead; an error the template raises (raise_exception) is an
+// error.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chat/chat_template.h"
+#include "chat/jinja_value.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "format/model_file.h"
+
+namespace frink::cli {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+struct TemplateArgs {
+  std::string model, file, messages, tools, date;
+  std::string bos, eos;
+  bool has_bos = false, has_eos = false;
+  bool add_generation_prompt = false;
+  std::vector<std::string> vars;  // KEY=JSON
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot open '{}'", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+ojson read_json(const std::string& path) {
+  ojson j = ojson::parse(read_file(path), nullptr, false);
+  if (j.is_discarded()) fail("'{}' is not valid JSON", path);
+  return j;
+}
+
+// tokenizer_config.json spells a special token as "text" or {"content": "text", ...}.
+std::string token_text(const ojson& j) {
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
+  return "";
+}
+
+struct ModelTemplate {
+  std::string text;  // empty: the model has none
+  std::string bos, eos;
+};
+
+ModelTemplate gguf_template(const ModelFile& mf) {
+  ModelTemplate t;
+  const Metadata& md = mf.metadata();
+  t.text = md.try_string("tokenizer.chat_template").value_or("");
+  const MetaValue* tokens = md.find("tokenizer.ggml.tokens");
+  auto token = [&](const char* key) -> std::string {
+    auto id = md.try_int(key);
+    if (!tokens || !id || *id < 0 || static_cast<size_t>(*id) >= tokens->size()) return "";
+    return tokens->as_array()[static_cast<size_t>(*id)].as_string();
+  };
+  t.bos = token("tokenizer.ggml.bos_token_id");
+  t.eos = token("tokenizer.ggml.eos_token_id");
+  return t;
+}
+
+ModelTemplate hf_template(const ModelFile& mf) {
+  namespace fs = std::filesystem;
+  ModelTemplate t;
+  fs::path dir = mf.hf_dir();
+  fs::path config = dir / "tokenizer_config.json";
+  if (fs::exists(config)) {
+    ojson c = read_json(config.string());
+    if (c.contains("bos_token")) t.bos = token_text(c["bos_token"]);
+    if (c.contains("eos_token")) t.eos = token_text(c["eos_token"]);
+    if (c.contains("chat_template")) {
+      const ojson& ct = c["chat_template"];
+      if (ct.is_string()) t.text = ct.get<std::string>();
+      // A list of named templates: transformers uses the one named "default".
+      else if (ct.is_array())
+        for (const auto& e : ct)
+          if (e.value("name", "") == "default") t.text = e.value("template", "");
+    }
+  }
+  if (t.text.empty() && fs::exists(dir / "chat_template.jinja")) t.text = read_file((dir / "chat_template.jinja").string());
+  return t;
+}
+
+int run_template(const TemplateArgs& a) {
+  if (a.model.empty() == a.file.empty()) fail("template needs exactly one of -m MODEL or --file TEMPLATE.jinja");
+  ModelTemplate mt;
+  if (!a.file.empty()) {
+    mt.text = read_file(a.file);
+  } else {
+    auto mf = ModelFile::open(a.model);
+    mt = mf->format() == FileFormat::kGguf ? gguf_template(*mf) : hf_template(*mf);
+  }
+
+  ojson messages = read_json(a.messages);
+  ojson tools;
+  if (messages.is_object()) {  // {"messages": [...], "tools": [...]} is accepted too
+    if (messages.contains("tools")) tools = messages["tools"];
+    messages = ojson(messages.value("messages", ojson::array()));
+  }
+  if (!messages.is_array()) fail("'{}' must hold a JSON array of messages", a.messages);
+  if (!a.tools.empty()) tools = read_json(a.tools);
+
+  ChatOptions opts;
+  opts.add_generation_prompt = a.add_generation_prompt;
+  opts.bos_token = a.has_bos ? a.bos : mt.bos;
+  opts.eos_token = a.has_eos ? a.eos : mt.eos;
+  opts.date = a.date;
+  for (const auto& kv : a.vars) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) fail("--var wants KEY=JSON, got '{}'", kv);
+    ojson v = ojson::parse(kv.substr(eq + 1), nullptr, false);
+    opts.extra[kv.substr(0, eq)] = v.is_discarded() ? ojson(kv.substr(eq + 1)) : v;  // bare text is a string
+  }
+
+  std::string out;
+  if (mt.text.empty()) {
+    std::fprintf(stderr, "warning: the model has no chat template; using ChatML\n");
+    out = render_chatml(messages, opts.add_generation_prompt);
+  } else {
+    try {
+      out = render_chat(mt.text, messages, tools, opts);
+    } catch (const jinja::UnsupportedError& e) {
+      std::fprintf(stderr, "warning: chat template not supported (%s); using ChatML\n", e.what());
+      out = render_chatml(messages, opts.add_generation_prompt);
+    }
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_template(CLI::App& app) {
+  auto args = std::make_shared<TemplateArgs>();
+  CLI::App* sub = app.add_subcommand("template", "print the prompt a model's chat template makes of a conversation");
+  sub->add_option("-m,--model", args->model, "model file (GGUF) or SafeTensors folder");
+  sub->add_option("--file", args->file, "a Jinja chat template file instead of a model's");
+  sub->add_option("--messages", args->messages, "JSON file: an array of {role, content, ...} messages")->required();
+  sub->add_option("--tools", args->tools, "JSON file: an array of tool (function) definitions");
+  sub->add_flag("--add-generation-prompt", args->add_generation_prompt, "end with the assistant turn's opening");
+  CLI::Option* bos = sub->add_option("--bos", args->bos, "bos_token text (default: the model's)");
+  CLI::Option* eos = sub->add_option("--eos", args->eos, "eos_token text (default: the model's)");
+  sub->add_option("--date", args->date, "the date strftime_now formats, YYYY-MM-DD (default: today)");
+  sub->add_option("--var", args->vars, "an extra template variable KEY=JSON, e.g. enable_thinking=false");
+  return [args, bos, eos] {
+    args->has_bos = bos->count() > 0;
+    args->has_eos = eos->count() > 0;
+    return run_template(*args);
+  };
+}
+
+}  // namespace frink::cli
