@@ -18,15 +18,15 @@ const Value* Frame::lookup(const std::string& name) const {
 }
 
 [[noreturn]] static void fail_undefined(const Value& v, const std::string& what) {
-  if (v.undefined_name().empty()) fail("{} of an undefined value", what);
-  fail("'{}' is undefined", v.undefined_name());
+  if (v.undefined_why().empty()) fail("{} of an undefined value", what);
+  fail("{}", v.undefined_why());
 }
 
 Value LiteralExpr::eval(Context&) const { return value; }
 
 Value NameExpr::eval(Context& ctx) const {
   const Value* v = ctx.frame->lookup(name);
-  return v ? *v : Value::undefined(name);
+  return v ? *v : Value::undefined(fmt::format("'{}' is undefined", name));
 }
 
 Value ListExpr::eval(Context& ctx) const {
@@ -166,10 +166,10 @@ static Value get_member(const Value& obj, const Value& key, bool by_attr) {
   if (obj.is_undefined()) fail_undefined(obj, by_attr ? "attribute '" + key.to_str() + "'" : "item");
   if (obj.is_dict()) {
     const Value* v = obj.dict_ref().find(key);
-    return v ? *v : Value::undefined();
+    return v ? *v : Value::undefined(fmt::format("'dict object' has no attribute {}", key.repr()));
   }
   if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) return index_value(obj, key);
-  return Value::undefined();
+  return Value::undefined(fmt::format("'{} object' has no attribute {}", obj.type_name(), key.repr()));
 }
 
 Value AttrExpr::eval(Context& ctx) const { return get_member(obj->eval(ctx), Value(name), true); }

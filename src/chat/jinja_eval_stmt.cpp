@@ -153,7 +153,7 @@ Value MacroStmt::make_callable(Context& ctx, const std::shared_ptr<Frame>& closu
       if (i < args.pos.size()) frame->vars[p.name] = args.pos[i];
       else if (const Value* kv = args.find_kw(p.name)) frame->vars[p.name] = *kv;
       else if (p.default_value) frame->vars[p.name] = p.default_value->eval(sub);
-      else frame->vars[p.name] = Value::undefined(p.name);
+      else frame->vars[p.name] = Value::undefined(fmt::format("'{}' is undefined", p.name));
     }
     Value kwargs = Value::dict();
     for (const auto& [k, v] : args.kw) {

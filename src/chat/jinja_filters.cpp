@@ -31,11 +31,11 @@ Value get_attribute(const Value& v, const std::string& path) {
     std::string part = path.substr(b, e == std::string::npos ? std::string::npos : e - b);
     if (cur.is_dict()) {
       const Value* f = cur.dict_ref().find(Value(part));
-      cur = f ? *f : Value::undefined(part);
+      cur = f ? *f : Value::undefined(fmt::format("'dict object' has no attribute '{}'", part));
     } else if (cur.is_list() && !part.empty() && std::isdigit(static_cast<unsigned char>(part[0]))) {
       cur = index_value(cur, Value(static_cast<int64_t>(std::stoll(part))));
     } else {
-      cur = Value::undefined(part);
+      cur = Value::undefined(fmt::format("'{} object' has no attribute '{}'", cur.type_name(), part));
     }
     if (e == std::string::npos) return cur;
     b = e + 1;
@@ -83,10 +83,16 @@ std::string do_indent(std::string s, const Value& width, bool first, bool blank)
   std::vector<std::string> lines = str_splitlines(s);
   std::string rv;
   if (blank) {
-    for (size_t i = 0; i < lines.size(); ++i) rv += (i ? "\n" + ind : "") + lines[i];
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (i) rv.append("\n").append(ind);
+      rv.append(lines[i]);
+    }
   } else {
     rv = lines.empty() ? "" : lines[0];
-    for (size_t i = 1; i < lines.size(); ++i) rv += "\n" + (lines[i].empty() ? "" : ind + lines[i]);
+    for (size_t i = 1; i < lines.size(); ++i) {
+      rv.append("\n");
+      if (!lines[i].empty()) rv.append(ind).append(lines[i]);
+    }
   }
   return first ? ind + rv : rv;
 }

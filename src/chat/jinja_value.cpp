@@ -22,9 +22,9 @@ const Value* CallArgs::get(size_t i, const std::string& name) const {
   return find_kw(name);
 }
 
-Value Value::undefined(std::string name) {
+Value Value::undefined(std::string why) {
   Value v;
-  v.s_ = std::move(name);
+  v.s_ = std::move(why);
   return v;
 }
 Value Value::none() {

@@ -70,7 +70,9 @@ class Value {
   enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kCallable };
 
   Value() = default;  // undefined
-  static Value undefined(std::string name = {});
+  // `why` is what jinja2 would say on use: "'x' is undefined" or
+  // "'dict object' has no attribute 'x'" (empty when unknown).
+  static Value undefined(std::string why = {});
   static Value none();
   Value(bool b);
   Value(int v) : Value(static_cast<int64_t>(v)) {}
@@ -109,7 +111,7 @@ class Value {
   ValueList& items() const { return *list_; }    // lists only; shared
   Dict& dict_ref() const { return *dict_; }       // dicts only; shared
   const Callable& fn() const { return *fn_; }
-  const std::string& undefined_name() const { return s_; }
+  const std::string& undefined_why() const { return s_; }
 
   bool truthy() const;
   std::string type_name() const;  // Python's type name, for errors ("str", "dict", ...)
@@ -138,7 +140,7 @@ class Value {
   bool markup_ = false;
   int64_t i_ = 0;
   double f_ = 0;
-  std::string s_;  // string value, or the undefined variable's name
+  std::string s_;  // string value, or why a value is undefined
   std::shared_ptr<ValueList> list_;
   std::shared_ptr<Dict> dict_;
   std::shared_ptr<Callable> fn_;
