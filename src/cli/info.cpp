@@ -1,7 +1,8 @@
 // frink info MODEL: what a model file holds, read from the file alone. The facts are gathered
 // into one JSON object (metadata_facts) and printed either as text or, with --json, as JSON,
-// so the two outputs cannot disagree. The model layer will add a per-layer plan summary
-// beside metadata_facts.
+// so the two outputs cannot disagree. When frink can run the model, the per-layer plan is
+// added; when it cannot (a vocabulary-only file, an architecture frink does not run), the
+// reason is shown instead and the file's facts are still printed.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -14,6 +15,8 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "format/model_file.h"
+#include "model/describe.h"
+#include "model/model.h"
 
 namespace frink::cli {
 
@@ -138,6 +141,12 @@ void print_metadata_facts(const Json& j) {
   row("vocabulary:", show(j["vocab_size"]));
   row("metadata keys:", show(j["n_metadata_keys"]));
   row("tensors:", show(j["n_tensors"]));
+  if (j.contains("plan")) {
+    fmt::print("\nlayer plan:\n");
+    for (const auto& line : j["plan"]) fmt::print("  {}\n", line.get<std::string>());
+  } else if (j.contains("not_runnable")) {
+    row("runnable:", "no: " + j["not_runnable"].get<std::string>());
+  }
   if (j["tensor_types"].empty()) return;
   fmt::print("\n  {:<8} {:>7} {:>12}\n", "type", "count", "bytes");
   for (const auto& t : j["tensor_types"])
@@ -158,8 +167,16 @@ Runner add_info(CLI::App& app) {
       ->required();
   cmd->add_flag("--json", opt->json, "print the facts as one JSON object");
   return [opt]() {
-    auto mf = ModelFile::open(opt->model);
-    Json facts = metadata_facts(*mf);
+    Json facts;
+    try {
+      auto m = load_model(opt->model);
+      facts = metadata_facts(*m->file);
+      facts["plan"] = describe_plan(m->hp);
+    } catch (const Error& e) {
+      auto mf = ModelFile::open(opt->model);  // a file that does not parse fails here, as it should
+      facts = metadata_facts(*mf);
+      facts["not_runnable"] = e.what();
+    }
     if (opt->json)
       fmt::print("{}\n", facts.dump(2, ' ', false, Json::error_handler_t::replace));
     else
