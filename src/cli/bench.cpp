@@ -1,0 +1,56 @@
+// frink bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [-r 5] [-t THREADS]
+//             [--device cpu|cuda|auto] [-o md|json]: llama-bench's pp/tg table (src/engine/bench.h).
+// Lists take commas (-p 128,512). --device cuda is refused until the CUDA path exists; auto
+// means the host for now.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "engine/bench.h"
+#include "model/model.h"
+
+namespace frink::cli {
+
+Runner add_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Measure prompt processing and generation speed, like llama-bench");
+  struct Options {
+    std::string model;
+    BenchParams p;
+    std::string device = "auto";
+    std::string output = "md";
+  };
+  auto opt = std::make_shared<Options>();
+  cmd->add_option("-m,--model", opt->model, "model file")->required();
+  cmd->add_option("-p,--n-prompt", opt->p.n_prompt, "prompt tokens (comma list)")->delimiter(',')->capture_default_str();
+  cmd->add_option("-n,--n-gen", opt->p.n_gen, "generated tokens (comma list)")->delimiter(',')->capture_default_str();
+  cmd->add_option("-d,--n-depth", opt->p.depths, "context depths (comma list)")->delimiter(',')->capture_default_str();
+  cmd->add_option("-r,--repetitions", opt->p.reps, "timed runs per test")->capture_default_str();
+  cmd->add_option("-t,--threads", opt->p.n_threads, "threads (0: one per core)");
+  cmd->add_option("-b,--batch-size", opt->p.n_batch, "prompt tokens per layer pass")->capture_default_str();
+  cmd->add_option("--device", opt->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("-o,--output", opt->output, "md or json")->check(CLI::IsMember({"md", "json"}));
+  return [opt]() {
+    if (opt->device == "cuda") fail("--device cuda: no CUDA device path in this build yet (use cpu)");
+    const auto model = load_model(opt->model);
+    const BenchModelInfo info = bench_model_info(*model, opt->p.n_threads);
+    const bool md = opt->output == "md";
+    if (md) {
+      std::fputs(bench_markdown_header().c_str(), stdout);
+      std::fflush(stdout);
+    }
+    const auto rows = run_bench(*model, opt->p, [&](const BenchRow& r) {
+      if (!md) return;
+      std::fputs(bench_markdown_row(info, r).c_str(), stdout);
+      std::fflush(stdout);
+    });
+    if (!md) fmt::print("{}\n", bench_json(info, rows).dump(2));
+    return 0;
+  };
+}
+
+}  // namespace frink::cli

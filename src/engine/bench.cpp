@@ -1,0 +1,214 @@
+#include "engine/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "engine/decoder.h"
+#include "engine/session.h"
+
+namespace frink {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t n_vocab) {
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(n_vocab - 1));
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// llama_model_ftype_name for the file types llama.cpp writes.
+std::string ftype_name(const Model& m) {
+  static const std::map<int64_t, const char*> kNames = {
+      {0, "all F32"}, {1, "F16"}, {2, "Q4_0"}, {3, "Q4_1"}, {7, "Q8_0"}, {8, "Q5_0"}, {9, "Q5_1"},
+      {10, "Q2_K - Medium"}, {11, "Q3_K - Small"}, {12, "Q3_K - Medium"}, {13, "Q3_K - Large"},
+      {14, "Q4_K - Small"}, {15, "Q4_K - Medium"}, {16, "Q5_K - Small"}, {17, "Q5_K - Medium"},
+      {18, "Q6_K"}, {25, "IQ4_NL - 4.5 bpw"}, {30, "IQ4_XS - 4.25 bpw"}, {32, "BF16"}, {38, "MXFP4 MoE"}};
+  if (auto ft = m.file->metadata().try_int("general.file_type"))
+    if (auto it = kNames.find(*ft); it != kNames.end()) return it->second;
+  std::map<GgmlType, uint64_t> bytes;  // else the type holding the most bytes
+  for (const auto& t : m.file->tensors()) bytes[t.type] += t.n_bytes;
+  auto best = std::max_element(bytes.begin(), bytes.end(), [](auto& a, auto& b) { return a.second < b.second; });
+  return best == bytes.end() ? "?" : std::string(ggml_type_name(best->first));
+}
+
+std::string size_label(int64_t n_params) {
+  if (n_params >= 1'000'000'000) return fmt::format("{:.0f}B", double(n_params) / 1e9);
+  return fmt::format("{:.0f}M", double(n_params) / 1e6);
+}
+
+void finish_row(BenchRow& r, int64_t n_tokens, uint64_t bytes_per_token) {
+  std::vector<double> ts;
+  for (double s : r.samples_s) ts.push_back(double(n_tokens) / s);
+  double mean = 0;
+  for (double x : ts) mean += x;
+  mean /= double(ts.size());
+  double var = 0;
+  for (double x : ts) var += (x - mean) * (x - mean);
+  r.ts_mean = mean;
+  r.ts_stddev = ts.size() > 1 ? std::sqrt(var / double(ts.size() - 1)) : 0.0;
+  if (r.n_gen > 0) r.gbps = double(bytes_per_token) * mean / 1e9;
+}
+
+// Fills the session with `depth` random tokens (untimed).
+void fill_depth(Decoder& dec, Session& s, std::mt19937_64& rng, int64_t depth, int64_t n_batch) {
+  std::vector<float> logits;
+  for (int64_t done = 0; done < depth;) {
+    const int64_t n = std::min(n_batch, depth - done);
+    dec.eval(s, random_tokens(rng, n, dec.n_vocab()), false, logits);
+    done += n;
+  }
+}
+
+BenchRow bench_pp(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_prompt, int64_t depth,
+                  std::mt19937_64& rng) {
+  BenchRow r;
+  r.n_prompt = n_prompt;
+  r.depth = depth;
+  r.test = fmt::format("pp{}", n_prompt) + (depth ? fmt::format(" @ d{}", depth) : "");
+  Session s(m, depth + n_prompt);
+  fill_depth(dec, s, rng, depth, p.n_batch);
+  std::vector<float> logits;
+  for (int rep = -1; rep < p.reps; ++rep) {  // rep -1: warm-up
+    s.truncate(depth);
+    const auto tokens = random_tokens(rng, n_prompt, dec.n_vocab());
+    const auto t0 = Clock::now();
+    dec.eval(s, tokens, false, logits);
+    if (rep >= 0) r.samples_s.push_back(seconds_since(t0));
+  }
+  return r;
+}
+
+BenchRow bench_tg(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_gen, int64_t depth,
+                  std::mt19937_64& rng) {
+  BenchRow r;
+  r.n_gen = n_gen;
+  r.depth = depth;
+  r.test = fmt::format("tg{}", n_gen) + (depth ? fmt::format(" @ d{}", depth) : "");
+  Session s(m, depth + n_gen);
+  fill_depth(dec, s, rng, depth, p.n_batch);
+  std::vector<float> logits;
+  for (int rep = -1; rep < p.reps; ++rep) {
+    s.truncate(depth);
+    const int64_t n = rep < 0 ? 1 : n_gen;  // llama-bench warms tg up with one token
+    int32_t tok = random_tokens(rng, 1, dec.n_vocab())[0];
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      dec.eval(s, {tok}, false, logits);
+      tok = argmax(logits);
+    }
+    if (rep >= 0) r.samples_s.push_back(seconds_since(t0));
+  }
+  return r;
+}
+
+int resolve_threads(int n) { return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+}  // namespace
+
+BenchModelInfo bench_model_info(const Model& m, int n_threads) {
+  BenchModelInfo info;
+  const TensorView* embd = m.w.tok_embd;
+  for (const auto& t : m.file->tensors()) {
+    info.size_bytes += t.n_bytes;
+    info.n_params += t.n_elements();
+    // A decode step reads every tensor once, except token_embd: one row (unless it is also
+    // the output matrix, which reads it whole).
+    if (&t == embd && m.w.output.w != embd) info.weight_bytes_per_token += t.row_bytes();
+    else info.weight_bytes_per_token += t.n_bytes;
+  }
+  info.desc = fmt::format("{} {} {}", m.hp.arch, size_label(info.n_params), ftype_name(m));
+  info.n_threads = resolve_threads(n_threads);
+  return info;
+}
+
+std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p, const std::function<void(const BenchRow&)>& on_row) {
+  if (p.reps < 1) fail("-r must be at least 1 (got {})", p.reps);
+  const BenchModelInfo info = bench_model_info(m, p.n_threads);
+  Decoder dec(m, DecoderOptions{info.n_threads, p.n_batch});
+  std::mt19937_64 rng(p.seed);
+  std::vector<BenchRow> rows;
+  auto emit = [&](BenchRow r, int64_t n_tokens) {
+    finish_row(r, n_tokens, info.weight_bytes_per_token);
+    if (on_row) on_row(r);
+    rows.push_back(std::move(r));
+  };
+  for (int64_t depth : p.depths) {
+    if (depth < 0) fail("depth {} is negative", depth);
+    for (int64_t n : p.n_prompt)
+      if (n > 0) emit(bench_pp(m, dec, p, n, depth, rng), n);
+    for (int64_t n : p.n_gen)
+      if (n > 0) emit(bench_tg(m, dec, p, n, depth, rng), n);
+  }
+  return rows;
+}
+
+std::string bench_markdown_header() {
+  return fmt::format("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} | {:>8} |\n", "model", "size",
+                     "params", "backend", "threads", "test", "t/s", "GB/s") +
+         fmt::format("| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: | {:->7}: |\n", "", "",
+                     "", "", "", "", "", "");
+}
+
+std::string bench_markdown_row(const BenchModelInfo& info, const BenchRow& r) {
+  const double gib = double(info.size_bytes) / double(1ull << 30);
+  const std::string size = gib >= 1.0 ? fmt::format("{:.2f} GiB", gib)
+                                      : fmt::format("{:.2f} MiB", double(info.size_bytes) / double(1ull << 20));
+  const std::string params = info.n_params >= 1'000'000'000 ? fmt::format("{:.2f} B", double(info.n_params) / 1e9)
+                                                            : fmt::format("{:.2f} M", double(info.n_params) / 1e6);
+  return fmt::format("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} | {:>8} |\n", info.desc, size,
+                     params, info.backend, info.n_threads, r.test,
+                     fmt::format("{:.2f} ± {:.2f}", r.ts_mean, r.ts_stddev),
+                     r.gbps ? fmt::format("{:.2f}", *r.gbps) : std::string("-"));
+}
+
+nlohmann::ordered_json bench_json(const BenchModelInfo& info, const std::vector<BenchRow>& rows) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& r : rows) {
+    std::vector<double> samples_ns, samples_ts;
+    const double n_tokens = double(r.n_prompt + r.n_gen);
+    double avg_ns = 0;
+    for (double s : r.samples_s) {
+      samples_ns.push_back(s * 1e9);
+      samples_ts.push_back(n_tokens / s);
+      avg_ns += s * 1e9 / double(r.samples_s.size());
+    }
+    nlohmann::ordered_json j;
+    j["model_type"] = info.desc;
+    j["model_size"] = info.size_bytes;
+    j["model_n_params"] = info.n_params;
+    j["backends"] = info.backend;
+    j["n_threads"] = info.n_threads;
+    j["test"] = r.test;
+    j["n_prompt"] = r.n_prompt;
+    j["n_gen"] = r.n_gen;
+    j["n_depth"] = r.depth;
+    j["avg_ns"] = avg_ns;
+    j["avg_ts"] = r.ts_mean;
+    j["stddev_ts"] = r.ts_stddev;
+    j["samples_ns"] = samples_ns;
+    j["samples_ts"] = samples_ts;
+    j["weight_bytes_per_token"] = info.weight_bytes_per_token;
+    j["gbps"] = r.gbps ? nlohmann::ordered_json(*r.gbps) : nlohmann::ordered_json(nullptr);
+    j["refused_layers"] = r.refused_layers ? nlohmann::ordered_json(*r.refused_layers) : nlohmann::ordered_json(nullptr);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace frink

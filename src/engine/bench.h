@@ -1,0 +1,67 @@
+// Throughput measurement in llama-bench's spirit: prompt processing (pp: n_prompt tokens in
+// batches) and token generation (tg: n_gen tokens one at a time, each the greedy argmax of
+// the previous step's logits, taken on the host), at chosen context depths.
+//
+// Method: per (test, depth), the session is filled with `depth` random tokens (not timed),
+// one warm-up run follows, then `reps` timed runs; before each run the session is truncated
+// back to `depth`, which restores exactly the filled cache. A rate is tokens / wall seconds
+// of the whole run (every eval, sampling included), reported as mean and sample stddev over
+// the runs. Weight bytes per token count every tensor a decode step reads (all layer
+// weights and the output matrix, one row of token_embd); a tg rate times that is the
+// effective bandwidth.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+
+namespace frink {
+
+struct BenchParams {
+  std::vector<int64_t> n_prompt = {512};  // 0 entries skip pp
+  std::vector<int64_t> n_gen = {128};     // 0 entries skip tg
+  std::vector<int64_t> depths = {0};
+  int reps = 5;
+  int n_threads = 0;                      // 0: one per core
+  int64_t n_batch = 512;
+  uint64_t seed = 1234;                   // random prompt and depth tokens
+};
+
+struct BenchRow {
+  std::string test;                       // "pp512", "tg128", "pp512 @ d4096"
+  int64_t n_prompt = 0, n_gen = 0, depth = 0;
+  std::vector<double> samples_s;          // seconds per timed run
+  double ts_mean = 0, ts_stddev = 0;      // tokens / second
+  std::optional<double> gbps;             // tg only: weight bytes per token * t/s
+  // Layers the device path refused during the run. The engine has no refusal counter yet
+  // (the CUDA path is a later issue): this stays empty until it does, and is read from it.
+  std::optional<int64_t> refused_layers;
+};
+
+struct BenchModelInfo {
+  std::string desc;                       // "llama 1B Q4_0", like llama_model_desc
+  uint64_t size_bytes = 0;                // all tensor data
+  int64_t n_params = 0;
+  uint64_t weight_bytes_per_token = 0;
+  std::string backend = "CPU";
+  int n_threads = 0;
+};
+
+BenchModelInfo bench_model_info(const Model& m, int n_threads);
+
+// Runs every test; on_row (if set) sees each row as soon as it is measured.
+std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p,
+                                const std::function<void(const BenchRow&)>& on_row = nullptr);
+
+// llama-bench's markdown table (header, separator, one line per row) plus a GB/s column.
+std::string bench_markdown_header();
+std::string bench_markdown_row(const BenchModelInfo& info, const BenchRow& r);
+nlohmann::ordered_json bench_json(const BenchModelInfo& info, const std::vector<BenchRow>& rows);
+
+}  // namespace frink
