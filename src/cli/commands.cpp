@@ -12,6 +12,7 @@ const std::vector<Command>& commands() {
       {"logits", add_logits},
       {"tokenize", add_tokenize},
       {"template", add_template},
+      {"convert", add_convert},
   };
   return kCommands;
 }

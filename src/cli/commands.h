@@ -28,5 +28,6 @@ Runner add_run(CLI::App& app);
 Runner add_logits(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 Runner add_template(CLI::App& app);
+Runner add_convert(CLI::App& app);
 
 }  // namespace frink::cli

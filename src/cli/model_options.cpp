@@ -1,5 +1,6 @@
 #include "cli/model_options.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
@@ -8,7 +9,8 @@
 namespace frink::cli {
 
 void add_model_options(CLI::App& cmd, ModelOptions& o) {
-  cmd.add_option("-m,--model", o.model, "model file (.gguf) or SafeTensors folder");
+  cmd.add_option("-m,--model", o.model,
+                 "model file (.gguf) or SafeTensors folder (default: $FRINK_MODEL, else the shipped models/frink-demo.gguf)");
   cmd.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
   cmd.add_option("-c,--ctx-size", o.ctx, "context size in tokens (default: the model's)");
   cmd.add_option("-b,--batch-size", o.batch, "prompt tokens per batch")->check(CLI::PositiveNumber);
@@ -30,9 +32,29 @@ void add_sampling_options(CLI::App& cmd, SamplerParams& p) {
 
 std::unique_ptr<Model> load_model_for(const ModelOptions& o) {
   if (o.verbose) set_log_level(LogLevel::kDebug);
-  if (o.model.empty()) fail("no model given: pass -m MODEL");
+  std::string path = o.model;
+  if (path.empty()) {
+    // No -m: $FRINK_MODEL, else the demo model shipped in the checkout this binary was built
+    // in (<repo>/build/frink -> <repo>/models/frink-demo.gguf), searched up to 3 folders up.
+    if (const char* env = std::getenv("FRINK_MODEL"); env && *env) {
+      path = env;
+    } else {
+      std::error_code ec;
+      const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+      std::filesystem::path dir = ec ? std::filesystem::path() : exe.parent_path();
+      for (int up = 0; up < 3 && !dir.empty() && path.empty(); ++up, dir = dir.parent_path()) {
+        const auto candidate = dir / "models" / "frink-demo.gguf";
+        if (std::filesystem::is_regular_file(candidate, ec)) path = candidate.string();
+        if (dir == dir.root_path()) break;
+      }
+      if (path.empty())
+        fail("no model given and no shipped model (models/frink-demo.gguf) beside {}: pass -m MODEL or set FRINK_MODEL",
+             exe.empty() ? std::string("this binary") : exe.string());
+    }
+    FRINK_LOG_INFO("model: {} (no -m given)", path);
+  }
   if (o.device == "cuda") fail("--device cuda: this build has no CUDA device path yet; use --device cpu");
-  return load_model(o.model);
+  return load_model(path);
 }
 
 DecoderOptions decoder_options(const ModelOptions& o) {
