@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "cpu/matmul.h"
+#include "cpu/moe.h"
 #include "cpu/ops.h"
 
 namespace frink::cpu {
@@ -17,9 +18,9 @@ using Buf = std::vector<float>;
 Buf make(int64_t n) { return Buf(static_cast<size_t>(n)); }
 
 // q [n_tok][n_head*hd_k] against the cache rows [0, pos0 + t] of each token t;
-// out [n_tok][n_head*hd_v].
+// out [n_tok][n_head*hd_v]. sinks: [n_head] extra softmax logits (plan.attn_sinks) or null.
 void attend(const LayerPlan& p, const KvCache& cache, const float* q, int64_t n_tok, int64_t pos0,
-            float max_alibi_bias, float* out, ThreadPool& pool) {
+            float max_alibi_bias, const float* sinks, float* out, ThreadPool& pool) {
   const int64_t group = p.n_head / p.n_head_kv;
   const int64_t q_width = p.n_head * p.head_dim_k, o_width = p.n_head * p.head_dim_v;
   pool.parallel_for(n_tok * p.n_head, [&](int64_t b, int64_t e, int) {
@@ -42,7 +43,10 @@ void attend(const LayerPlan& p, const KvCache& cache, const float* q, int64_t n_
         if (p.alibi) s -= slope * static_cast<float>(pos - (first + j));
         scores[static_cast<size_t>(j)] = s;
       }
-      softmax_inplace(scores.data(), n);
+      if (sinks)
+        softmax_sink_inplace(scores.data(), n, sinks[h]);
+      else
+        softmax_inplace(scores.data(), n);
       float* oh = out + t * o_width + h * p.head_dim_v;
       std::fill(oh, oh + p.head_dim_v, 0.0f);
       for (int64_t j = 0; j < n; ++j) {
@@ -87,6 +91,15 @@ void ffn(const Model& m, const LayerPlan& p, const LayerWeights& w, const float*
     act(hidden.data(), n_tok * n_ff);
   }
   linear(w.ffn_down, hidden.data(), n_tok, out, pool);
+}
+
+// The layer's feed-forward block, dense or mixture of experts.
+void feed_forward(const Model& m, const LayerPlan& p, const LayerWeights& w, const float* h, int64_t n_tok,
+                  float* out, ThreadPool& pool) {
+  if (p.ffn == FfnKind::kMoe)
+    moe_ffn(p, w, h, n_tok, m.hp.n_embd, out, pool);
+  else
+    ffn(m, p, w, h, n_tok, out, pool);
 }
 
 }  // namespace
@@ -140,6 +153,11 @@ void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64
   for (int64_t t = 0; t < n_tok; ++t) {
     float* qt = q.data() + t * q_w;
     float* kt = k.data() + t * k_w;
+    if (p.qk_norm_full) {
+      // olmoe: one RMSNorm over the whole q and the whole k projection
+      rms_norm(qt, w.q_norm.w, qt, q_w, hp.norm_eps);
+      rms_norm(kt, w.k_norm.w, kt, k_w, hp.norm_eps);
+    }
     if (p.qk_norm) {
       for (int64_t hh = 0; hh < p.n_head; ++hh)
         rms_norm(qt + hh * p.head_dim_k, w.q_norm.w, qt + hh * p.head_dim_k, p.head_dim_k, hp.norm_eps);
@@ -153,7 +171,7 @@ void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64
 
   // attn_output = softmax(q k^T * scale + mask) v ; o_proj(attn_output)
   Buf attn = make(n_tok * p.n_head * p.head_dim_v);
-  attend(p, cache, q.data(), n_tok, pos0, hp.max_alibi_bias, attn.data(), pool);
+  attend(p, cache, q.data(), n_tok, pos0, hp.max_alibi_bias, p.attn_sinks ? w.attn_sinks : nullptr, attn.data(), pool);
   Buf o = make(n_tok * E);
   linear(w.wo, attn.data(), n_tok, o.data(), pool);
   if (p.post_attn_norm)
@@ -165,14 +183,14 @@ void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64
     if (w.ffn_norm) {
       for (int64_t t = 0; t < n_tok; ++t) norm(hp.norm, w.ffn_norm, x + t * E, h.data() + t * E, E, hp.norm_eps);
     }
-    ffn(m, p, w, h.data(), n_tok, f.data(), pool);
+    feed_forward(m, p, w, h.data(), n_tok, f.data(), pool);
     for (int64_t i = 0; i < n_tok * E; ++i) x[i] += o[static_cast<size_t>(i)] + f[static_cast<size_t>(i)];
     return;
   }
   // x = x + attn ; x = x + mlp(post_attention_layernorm(x))
   for (int64_t i = 0; i < n_tok * E; ++i) x[i] += o[static_cast<size_t>(i)];
   for (int64_t t = 0; t < n_tok; ++t) norm(hp.norm, w.ffn_norm, x + t * E, h.data() + t * E, E, hp.norm_eps);
-  ffn(m, p, w, h.data(), n_tok, f.data(), pool);
+  feed_forward(m, p, w, h.data(), n_tok, f.data(), pool);
   if (p.post_ffn_norm)
     for (int64_t t = 0; t < n_tok; ++t) norm(hp.norm, w.post_ffn_norm, f.data() + t * E, f.data() + t * E, E, hp.norm_eps);
   for (int64_t i = 0; i < n_tok * E; ++i) x[i] += f[static_cast<size_t>(i)];

@@ -56,9 +56,11 @@ void rope(const RopeParams& rp, const float* freq_factors, float* x, int64_t n_h
   const float theta_scale = std::pow(rp.freq_base, -2.0f / static_cast<float>(n_rot));
   float corr0 = 0, corr1 = 0;
   if (rp.ext_factor != 0.0f) {
-    corr0 = std::max(0.0f, std::floor(yarn_corr_dim(n_rot, rp.n_ctx_orig, rp.beta_fast, rp.freq_base)));
-    corr1 = std::min(static_cast<float>(n_rot - 1),
-                     std::ceil(yarn_corr_dim(n_rot, rp.n_ctx_orig, rp.beta_slow, rp.freq_base)));
+    corr0 = yarn_corr_dim(n_rot, rp.n_ctx_orig, rp.beta_fast, rp.freq_base);
+    corr1 = yarn_corr_dim(n_rot, rp.n_ctx_orig, rp.beta_slow, rp.freq_base);
+    if (rp.yarn_truncate) corr0 = std::floor(corr0), corr1 = std::ceil(corr1);
+    corr0 = std::max(0.0f, corr0);
+    corr1 = std::min(static_cast<float>(n_rot - 1), corr1);
   }
   // One cos/sin per pair, computed like ggml's rope_cache_init: theta multiplied along in
   // float, so our angles round exactly as llama.cpp's do.
@@ -119,6 +121,20 @@ void softmax_inplace(float* x, int64_t n) {
     x[i] = e;
     sum += e;
   }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void softmax_sink_inplace(float* x, int64_t n, float sink) {
+  float mx = sink;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float e = x[i] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(x[i] - mx);
+    x[i] = e;
+    sum += e;
+  }
+  sum += std::exp(sink - mx);
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }

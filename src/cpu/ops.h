@@ -27,6 +27,9 @@ void gelu_tanh_inplace(float* x, int64_t n);
 void softcap_inplace(float* x, int64_t n, float cap);  // x = cap * tanh(x / cap)
 // Softmax over n values in place (max-subtracted; -inf entries become 0).
 void softmax_inplace(float* x, int64_t n);
+// The same with one more logit, `sink`, in the denominator only (ggml_soft_max_add_sinks:
+// the max includes the sink, the sum adds exp(sink - max)); the n outputs sum to < 1.
+void softmax_sink_inplace(float* x, int64_t n, float sink);
 
 // ALiBi slope of head h of n_head with the given max bias (ggml_soft_max_ext's formula).
 float alibi_slope(int64_t h, int64_t n_head, float max_bias);

@@ -77,6 +77,8 @@ void read_common(const Metadata& meta, Hparams& hp, RopeKind rope) {
     rp.ext_factor = 1.0f;
     rp.beta_fast = static_cast<float>(meta.try_float(key(hp, "rope.scaling.yarn_beta_fast")).value_or(32.0));
     rp.beta_slow = static_cast<float>(meta.try_float(key(hp, "rope.scaling.yarn_beta_slow")).value_or(1.0));
+    // Not a llama.cpp key: set only by the SafeTensors translation (rope_parameters.truncate).
+    rp.yarn_truncate = meta.try_bool(key(hp, "rope.scaling.yarn_truncate")).value_or(true);
   } else if (scaling != "linear" && scaling != "none") {
     fail("rope scaling '{}' is not supported", scaling);
   }

@@ -17,7 +17,28 @@ enum class RopeKind { kNone, kNorm, kNeox };          // kNorm rotates adjacent 
 enum class Activation { kSilu, kGeluTanh };
 // kGated: down(act(gate x) * up x); kGatedFused: the same with gate|up stacked in one
 // 2*n_ff-wide ffn_up (phi3); kPlain: down(act(up x)).
-enum class FfnKind { kGated, kGatedFused, kPlain };
+// kMoe: a mixture of experts (LayerPlan::moe), possibly with a shared expert.
+enum class FfnKind { kGated, kGatedFused, kPlain, kMoe };
+
+// How router logits become expert weights (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*).
+enum class ExpertGating {
+  kSoftmax,        // softmax over all experts; top-k of those probabilities are the weights
+  kSigmoid,        // sigmoid of each logit (DeepSeek-V3 style, usually with exp_probs_b)
+  kSoftmaxWeight,  // top-k of the raw logits, then softmax over the k chosen (gpt-oss)
+};
+
+// A mixture-of-experts feed-forward block (src/cpu/moe.h computes it). Selection ranks
+// probs + exp_probs_b (when the layer has that bias) but the weights use the unbiased probs.
+struct MoePlan {
+  int64_t n_expert = 0, n_expert_used = 0;
+  int64_t n_ff_exp = 0;          // each routed expert's hidden width
+  int64_t n_ff_shexp = 0;        // the shared expert's hidden width; 0 = no shared expert
+  ExpertGating gating = ExpertGating::kSoftmax;
+  bool norm_w = false;           // weights / max(sum of the k weights, 6.1e-5)
+  float w_scale = 1.0f;          // weights * w_scale (expert_weights_scale; 0 read as 1)
+  bool swiglu_oai = false;       // gpt-oss: min(g,7) * sigmoid(1.702 min(g,7)) * (clamp(u,+-7) + 1)
+  bool shexp_gate = false;       // shared expert output * sigmoid(ffn_gate_inp_shexp . x) (qwen2moe)
+};
 
 struct RopeParams {
   RopeKind kind = RopeKind::kNone;
@@ -30,6 +51,9 @@ struct RopeParams {
   float beta_fast = 32.0f, beta_slow = 1.0f;
   int64_t n_ctx_orig = 0;
   bool use_freq_factors = false; // divide each pair's frequency by rope_freqs.weight[i]
+  // YaRN ramp ends rounded outward (floor/ceil), as ggml always does; transformers' YaRN
+  // with rope_parameters.truncate = false (gpt-oss) keeps them fractional.
+  bool yarn_truncate = true;
 };
 
 struct LayerPlan {
@@ -45,9 +69,12 @@ struct LayerPlan {
   bool post_attn_norm = false;   // sandwich norms (gemma2/3): norm the branch output
   bool post_ffn_norm = false;
   bool parallel_residual = false;// x + attn(n(x)) + ffn(n'(x)) (falcon, phi2-style)
+  bool qk_norm_full = false;     // RMSNorm over all of q and all of k (olmoe), not per head
+  bool attn_sinks = false;       // per-head learned logit in the softmax denominator (gpt-oss)
   FfnKind ffn = FfnKind::kGated;
   Activation act = Activation::kSilu;
   int64_t n_ff = 0;
+  MoePlan moe;                   // when ffn == kMoe
 };
 
 struct Hparams {

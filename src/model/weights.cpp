@@ -56,6 +56,27 @@ Linear WeightLoader::linear(const std::string& base, int64_t n_in, int64_t n_out
   return l;
 }
 
+Experts WeightLoader::experts(const std::string& base, int64_t n_in, int64_t n_out, int64_t n_expert,
+                             LinearOpts opts) {
+  Experts x;
+  x.w = matrix(base + ".weight", {n_in, n_out, n_expert}, opts.required);
+  if (!x.w) return x;
+  if (opts.bias) {
+    // {n_out, n_expert}: one bias row per expert, read (and widened when 16-bit) as one vector.
+    if (const TensorView* t = matrix(base + ".bias", {n_out, n_expert}, false)) {
+      if (t->type == GgmlType::F32) {
+        x.b = reinterpret_cast<const float*>(t->data);
+      } else {
+        auto& buf = out_.owned.emplace_back(static_cast<size_t>(n_out * n_expert));
+        dequantize_row(t->type, t->data, buf.data(), n_out * n_expert);
+        x.b = buf.data();
+      }
+    }
+  }
+  if (opts.scale) x.scale = vector(base + ".scale", n_expert, false);
+  return x;
+}
+
 float WeightLoader::scalar(const std::string& name, float fallback) {
   const float* v = vector(name, 1, false);
   return v ? v[0] : fallback;

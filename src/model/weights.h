@@ -26,6 +26,18 @@ struct Linear {
   int64_t n_out() const { return w->ne[1]; }
 };
 
+// A stack of n_expert matrices [n_in] -> [n_out] in one 3-D tensor {n_in, n_out, n_expert}:
+// expert e's matrix is rows [e * n_out, (e + 1) * n_out) of the 2-D view. llama.cpp applies
+// an expert's output as (W_e x) * scale[e] + b[e] (build_lora_mm_id, then ggml_add_id).
+struct Experts {
+  const TensorView* w = nullptr;   // ne = {n_in, n_out, n_expert}
+  const float* b = nullptr;        // [n_expert][n_out] or null
+  const float* scale = nullptr;    // [n_expert] or null
+  explicit operator bool() const { return w != nullptr; }
+  int64_t n_in() const { return w->ne[0]; }
+  int64_t n_out() const { return w->ne[1]; }
+};
+
 struct Norm {
   const float* w = nullptr;        // [n]
   const float* b = nullptr;        // [n], LayerNorm only
@@ -43,6 +55,17 @@ struct LayerWeights {
   Linear ffn_gate, ffn_up;         // n_embd -> n_ff (ffn_up is 2*n_ff wide when fused with gate)
   Linear ffn_down;                 // n_ff -> n_embd
   Norm post_ffn_norm;              // [n_embd]
+  const float* attn_sinks = nullptr; // [n_head] (plan.attn_sinks)
+
+  // Mixture of experts (plan.ffn == kMoe); ffn_norm is the block's input norm.
+  Linear ffn_gate_inp;             // router: n_embd -> n_expert (+ bias, gpt-oss)
+  const float* exp_probs_b = nullptr; // [n_expert] selection bias, or null
+  Experts ffn_gate_exps, ffn_up_exps;  // n_embd -> n_ff_exp per expert
+  Experts ffn_gate_up_exps;        // fused alternative: n_embd -> gate|up (2 * n_ff_exp)
+  Experts ffn_down_exps;           // n_ff_exp -> n_embd per expert
+  Linear ffn_gate_shexp, ffn_up_shexp; // shared expert: n_embd -> n_ff_shexp
+  Linear ffn_down_shexp;           // n_ff_shexp -> n_embd
+  const float* ffn_gate_inp_shexp = nullptr; // [n_embd]: the shared expert's gate logit row
 };
 
 struct Weights {
@@ -77,6 +100,9 @@ class WeightLoader {
     bool required = true;
   };
   Linear linear(const std::string& base, int64_t n_in, int64_t n_out, LinearOpts opts);
+  // base.weight {n_in, n_out, n_expert} [+ base.bias {n_out, n_expert} when `bias`]
+  // [+ base.scale {n_expert} when `scale`].
+  Experts experts(const std::string& base, int64_t n_in, int64_t n_out, int64_t n_expert, LinearOpts opts);
   // A per-tensor scalar (shape {1}) or `fallback` when absent.
   float scalar(const std::string& name, float fallback);
 
