@@ -1,10 +1,13 @@
 // llama (Llama 1/2/3, and Mistral-style files that say "llama") and mistral3: RMSNorm,
 // rotary embeddings over adjacent pairs, SwiGLU. llama.cpp loads optional q/k/v/o and FFN
 // biases and per-tensor output scales for these, and applies rope_freqs.weight (Llama-3's
-// long-context frequency factors, computed by the converter) when present.
+// long-context frequency factors, computed by the converter) when present. With
+// expert_count > 0 (Mixtral) every FFN is a mixture of experts as wide as feed_forward_length:
+// softmax routing, renormalised top-k weights, per-expert output scales.
 #include <cmath>
 
 #include "model/arch_common.h"
+#include "model/arch_moe.h"
 #include "model/model.h"
 
 namespace frink::arch {
@@ -17,6 +20,8 @@ void read_llama(const Metadata& meta, Hparams& hp) {
   hp.norm_eps = static_cast<float>(meta.get_float(key(hp, "attention.layer_norm_rms_epsilon")));
   // llama.cpp's llama graph does not read attention.scale: always 1/sqrt(head_dim).
   for (auto& p : hp.layers) p.rope.use_freq_factors = true;  // when the file has rope_freqs
+  if (meta.try_int(key(hp, "expert_count")).value_or(0) > 0)
+    read_moe(meta, hp, {.norm_w = true, .read_n_ff_exp = false});
 }
 
 void load_llama(const Hparams& hp, WeightLoader& ld, Weights& w) {
@@ -27,7 +32,13 @@ void load_llama(const Hparams& hp, WeightLoader& ld, Weights& w) {
     // llama's graph applies every optional bias and output scale it loads.
     const LayerExtras x{{true, true}, {true, true}, {true, true}};
     load_attention(hp, ld, il, w.layers[static_cast<size_t>(il)], x);
-    load_ffn(hp, ld, il, w.layers[static_cast<size_t>(il)], x);
+    auto& l = w.layers[static_cast<size_t>(il)];
+    if (hp.layers[static_cast<size_t>(il)].ffn == FfnKind::kMoe) {
+      l.ffn_norm = ld.norm(blk(il, "ffn_norm"), hp.n_embd, false, true);
+      load_moe(hp, ld, il, l, {.exps_scale = true});
+    } else {
+      load_ffn(hp, ld, il, l, x);
+    }
   }
 }
 

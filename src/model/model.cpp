@@ -12,6 +12,7 @@ namespace arch {
 // Each architecture family's file defines its rows (src/model/arch_*.cpp).
 extern const ArchDef kLlama, kMistral3, kQwen2, kQwen3, kPhi3, kGemma2, kGemma3, kBloom,
     kStarcoder2, kFalcon;
+extern const ArchDef kQwen2Moe, kQwen3Moe, kOlmoe, kGptOss;  // arch_moe.cpp, arch_gpt_oss.cpp
 }  // namespace arch
 
 namespace {
@@ -19,6 +20,7 @@ const std::vector<const ArchDef*>& registry() {
   static const std::vector<const ArchDef*> kArchs = {
       &arch::kLlama, &arch::kMistral3, &arch::kQwen2,  &arch::kQwen3,      &arch::kPhi3,
       &arch::kGemma2, &arch::kGemma3,  &arch::kBloom,  &arch::kStarcoder2, &arch::kFalcon,
+      &arch::kQwen2Moe, &arch::kQwen3Moe, &arch::kOlmoe, &arch::kGptOss,
   };
   return kArchs;
 }
