@@ -10,6 +10,7 @@ const std::vector<Command>& commands() {
       {"perplexity", add_perplexity},
       {"run", add_run},
       {"logits", add_logits},
+      {"chat", add_chat},
       {"tokenize", add_tokenize},
       {"template", add_template},
       {"convert", add_convert},

@@ -26,6 +26,7 @@ Runner add_bench(CLI::App& app);
 Runner add_perplexity(CLI::App& app);
 Runner add_run(CLI::App& app);
 Runner add_logits(CLI::App& app);
+Runner add_chat(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 Runner add_template(CLI::App& app);
 Runner add_convert(CLI::App& app);

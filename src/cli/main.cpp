@@ -1,6 +1,7 @@
 // frink: one binary, one subcommand per job, spelled like llama.cpp's tools.
 // Each subcommand lives in its own file here and registers through kCommands below.
 // Bad input anywhere below surfaces as frink::Error: printed as one line, exit code 1.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -19,8 +20,14 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("frink ") + FRINK_VERSION);
   std::vector<std::function<int()>> runners;
   for (const auto& cmd : frink::cli::commands()) runners.push_back(cmd.add(app));
+  // llama.cpp spells a few options with one dash and several letters, which CLI11 reads as
+  // bundled short flags; translate those few before parsing.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (auto& arg : args)
+    if (arg == "-sys") arg = "--system-prompt";
+  std::reverse(args.begin(), args.end());  // CLI11's vector overload takes them last-first
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

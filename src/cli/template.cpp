@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
-#include "chat/jinja_value.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/model_template.h"
 #include "format/model_file.h"
 
 namespace frink::cli {
@@ -50,63 +50,13 @@ ojson read_json(const std::string& path) {
   return j;
 }
 
-// tokenizer_config.json spells a special token as "text" or {"content": "text", ...}.
-std::string token_text(const ojson& j) {
-  if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
-  return "";
-}
-
-struct ModelTemplate {
-  std::string text;  // empty: the model has none
-  std::string bos, eos;
-};
-
-ModelTemplate gguf_template(const ModelFile& mf) {
-  ModelTemplate t;
-  const Metadata& md = mf.metadata();
-  t.text = md.try_string("tokenizer.chat_template").value_or("");
-  const MetaValue* tokens = md.find("tokenizer.ggml.tokens");
-  auto token = [&](const char* key) -> std::string {
-    auto id = md.try_int(key);
-    if (!tokens || !id || *id < 0 || static_cast<size_t>(*id) >= tokens->size()) return "";
-    return tokens->as_array()[static_cast<size_t>(*id)].as_string();
-  };
-  t.bos = token("tokenizer.ggml.bos_token_id");
-  t.eos = token("tokenizer.ggml.eos_token_id");
-  return t;
-}
-
-ModelTemplate hf_template(const ModelFile& mf) {
-  namespace fs = std::filesystem;
-  ModelTemplate t;
-  fs::path dir = mf.hf_dir();
-  fs::path config = dir / "tokenizer_config.json";
-  if (fs::exists(config)) {
-    ojson c = read_json(config.string());
-    if (c.contains("bos_token")) t.bos = token_text(c["bos_token"]);
-    if (c.contains("eos_token")) t.eos = token_text(c["eos_token"]);
-    if (c.contains("chat_template")) {
-      const ojson& ct = c["chat_template"];
-      if (ct.is_string()) t.text = ct.get<std::string>();
-      // A list of named templates: transformers uses the one named "default".
-      else if (ct.is_array())
-        for (const auto& e : ct)
-          if (e.value("name", "") == "default") t.text = e.value("template", "");
-    }
-  }
-  if (t.text.empty() && fs::exists(dir / "chat_template.jinja")) t.text = read_file((dir / "chat_template.jinja").string());
-  return t;
-}
-
 int run_template(const TemplateArgs& a) {
   if (a.model.empty() == a.file.empty()) fail("template needs exactly one of -m MODEL or --file TEMPLATE.jinja");
   ModelTemplate mt;
   if (!a.file.empty()) {
     mt.text = read_file(a.file);
   } else {
-    auto mf = ModelFile::open(a.model);
-    mt = mf->format() == FileFormat::kGguf ? gguf_template(*mf) : hf_template(*mf);
+    mt = model_template(*ModelFile::open(a.model));
   }
 
   ojson messages = read_json(a.messages);
@@ -130,18 +80,9 @@ int run_template(const TemplateArgs& a) {
     opts.extra[kv.substr(0, eq)] = v.is_discarded() ? ojson(kv.substr(eq + 1)) : v;  // bare text is a string
   }
 
-  std::string out;
-  if (mt.text.empty()) {
-    std::fprintf(stderr, "warning: the model has no chat template; using ChatML\n");
-    out = render_chatml(messages, opts.add_generation_prompt);
-  } else {
-    try {
-      out = render_chat(mt.text, messages, tools, opts);
-    } catch (const jinja::UnsupportedError& e) {
-      std::fprintf(stderr, "warning: chat template not supported (%s); using ChatML\n", e.what());
-      out = render_chatml(messages, opts.add_generation_prompt);
-    }
-  }
+  std::string warning;
+  const std::string out = render_with_fallback(mt, messages, tools, opts, &warning);
+  if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

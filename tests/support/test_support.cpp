@@ -43,13 +43,20 @@ double nmse(const float* a, const float* b, size_t n) {
   return den > 0 ? num / den : num;
 }
 
-CommandResult run_frink(const std::string& args) {
+CommandResult run_frink(const std::string& args) { return run_frink_with_input(args, ""); }
+
+CommandResult run_frink_with_input(const std::string& args, const std::string& input) {
   auto tmp = std::filesystem::temp_directory_path();
   auto tag = std::to_string(::getpid()) + "_" + std::to_string(std::rand());
   auto out_path = tmp / ("frink_test_out_" + tag);
   auto err_path = tmp / ("frink_test_err_" + tag);
+  auto in_path = tmp / ("frink_test_in_" + tag);
+  {
+    std::ofstream in(in_path, std::ios::binary);
+    in << input;
+  }
   std::string cmd = std::string(FRINK_BIN) + " " + args + " >" + out_path.string() + " 2>" +
-                    err_path.string() + " </dev/null";
+                    err_path.string() + " <" + in_path.string();
   int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -57,6 +64,7 @@ CommandResult run_frink(const std::string& args) {
   r.err = read_text_file(err_path);
   std::filesystem::remove(out_path);
   std::filesystem::remove(err_path);
+  std::filesystem::remove(in_path);
   return r;
 }
 

@@ -34,5 +34,7 @@ struct CommandResult {
   std::string err;
 };
 CommandResult run_frink(const std::string& args);
+// The same with `input` on the program's standard input.
+CommandResult run_frink_with_input(const std::string& args, const std::string& input);
 
 }  // namespace frink::test
