@@ -102,7 +102,7 @@ int run(const ChatArgs& a) {
 
 Runner add_chat(CLI::App& app) {
   auto a = std::make_shared<ChatArgs>();
-  auto* cmd = app.add_subcommand("chat", "chat with a model in the terminal");
+  auto* cmd = app.add_subcommand("chat", "Chat with a model in the terminal");
   add_model_options(*cmd, a->model);
   add_sampling_options(*cmd, a->sampling);
   cmd->add_option("--system-prompt", a->system, "system prompt (llama.cpp's -sys works too)");

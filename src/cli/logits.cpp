@@ -81,7 +81,7 @@ int run(const LogitsArgs& a) {
 
 Runner add_logits(CLI::App& app) {
   auto a = std::make_shared<LogitsArgs>();
-  auto* cmd = app.add_subcommand("logits", "write the logits of a token sequence");
+  auto* cmd = app.add_subcommand("logits", "Write the logits of a token sequence");
   add_model_options(*cmd, a->model);
   cmd->add_option("--tokens", a->tokens, "comma-separated token ids")->required();
   cmd->add_option("-o,--output", a->out, "file for float32 logits [n_tokens][n_vocab]");

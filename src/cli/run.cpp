@@ -64,7 +64,7 @@ int run(const RunArgs& a) {
 
 Runner add_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
-  auto* cmd = app.add_subcommand("run", "generate text from a prompt");
+  auto* cmd = app.add_subcommand("run", "Generate text from a prompt");
   add_model_options(*cmd, a->model);
   add_sampling_options(*cmd, a->sampling);
   cmd->add_option("-p,--prompt", a->prompt, "prompt text");

@@ -91,7 +91,7 @@ int run_template(const TemplateArgs& a) {
 
 Runner add_template(CLI::App& app) {
   auto args = std::make_shared<TemplateArgs>();
-  CLI::App* sub = app.add_subcommand("template", "print the prompt a model's chat template makes of a conversation");
+  CLI::App* sub = app.add_subcommand("template", "Print the prompt a model's chat template makes of a conversation");
   sub->add_option("-m,--model", args->model, "model file (GGUF) or SafeTensors folder");
   sub->add_option("--file", args->file, "a Jinja chat template file instead of a model's");
   sub->add_option("--messages", args->messages, "JSON file: an array of {role, content, ...} messages")->required();

@@ -61,7 +61,7 @@ int run_tokenize(const TokenizeArgs& a) {
 
 Runner add_tokenize(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
-  CLI::App* sub = app.add_subcommand("tokenize", "print the tokens a model's tokenizer makes of a text");
+  CLI::App* sub = app.add_subcommand("tokenize", "Print the tokens a model's tokenizer makes of a text");
   sub->add_option("-m,--model", args->model, "model file (GGUF) or SafeTensors folder")->required();
   CLI::Option* p = sub->add_option("-p,--prompt", args->prompt, "text to tokenize");
   CLI::Option* f = sub->add_option("-f,--file", args->file, "file whose text to tokenize");
