@@ -1,7 +1,7 @@
 // frink bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [-r 5] [-t THREADS]
 //             [--device cpu|cuda|auto] [-o md|json]: llama-bench's pp/tg table (src/engine/bench.h).
-// Lists take commas (-p 128,512). --device cuda is refused until the CUDA path exists; auto
-// means the host for now.
+// Lists take commas (-p 128,512). --device cuda runs layers on the GPU (refusals per row on
+// stderr); auto: CUDA when a GPU is present.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -35,7 +35,9 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--device", opt->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_option("-o,--output", opt->output, "md or json")->check(CLI::IsMember({"md", "json"}));
   return [opt]() {
-    if (opt->device == "cuda") fail("--device cuda: no CUDA device path in this build yet (use cpu)");
+    opt->p.device = opt->device == "cuda" ? DeviceChoice::kCuda
+                    : opt->device == "auto" ? DeviceChoice::kAuto
+                                            : DeviceChoice::kCpu;
     const auto model = load_model(opt->model);
     const BenchModelInfo info = bench_model_info(*model, opt->p.n_threads);
     const bool md = opt->output == "md";
@@ -47,6 +49,7 @@ Runner add_bench(CLI::App& app) {
       if (!md) return;
       std::fputs(bench_markdown_row(info, r).c_str(), stdout);
       std::fflush(stdout);
+      if (!r.refusals.empty()) std::fprintf(stderr, "%s: device layers %s\n", r.test.c_str(), r.refusals.c_str());
     });
     if (!md) fmt::print("{}\n", bench_json(info, rows).dump(2));
     return 0;

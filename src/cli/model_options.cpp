@@ -53,7 +53,6 @@ std::unique_ptr<Model> load_model_for(const ModelOptions& o) {
     }
     FRINK_LOG_INFO("model: {} (no -m given)", path);
   }
-  if (o.device == "cuda") fail("--device cuda: this build has no CUDA device path yet; use --device cpu");
   return load_model(path);
 }
 
@@ -61,6 +60,7 @@ DecoderOptions decoder_options(const ModelOptions& o) {
   DecoderOptions d;
   d.n_threads = o.threads;
   d.n_batch = o.batch;
+  d.device = o.device == "cuda" ? DeviceChoice::kCuda : o.device == "auto" ? DeviceChoice::kAuto : DeviceChoice::kCpu;
   return d;
 }
 

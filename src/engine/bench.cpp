@@ -139,12 +139,25 @@ BenchModelInfo bench_model_info(const Model& m, int n_threads) {
 
 std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p, const std::function<void(const BenchRow&)>& on_row) {
   if (p.reps < 1) fail("-r must be at least 1 (got {})", p.reps);
-  const BenchModelInfo info = bench_model_info(m, p.n_threads);
-  Decoder dec(m, DecoderOptions{info.n_threads, p.n_batch});
+  BenchModelInfo info = bench_model_info(m, p.n_threads);
+  DecoderOptions dopt;
+  dopt.n_threads = info.n_threads;
+  dopt.n_batch = p.n_batch;
+  dopt.device = p.device;
+  Decoder dec(m, dopt);
+  if (dec.on_device()) info.backend = "CUDA";
   std::mt19937_64 rng(p.seed);
   std::vector<BenchRow> rows;
+  RefusalCounts before = dec.refusals();
   auto emit = [&](BenchRow r, int64_t n_tokens) {
     finish_row(r, n_tokens, info.weight_bytes_per_token);
+    if (p.device != DeviceChoice::kCpu) {
+      RefusalCounts d = dec.refusals();
+      for (size_t i = 0; i < d.n.size(); ++i) d.n[i] -= before.n[i];
+      r.refused_layers = static_cast<int64_t>(d.refused());
+      r.refusals = d.summary();
+      before = dec.refusals();
+    }
     if (on_row) on_row(r);
     rows.push_back(std::move(r));
   };

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/decoder.h"
 #include "model/model.h"
 
 namespace frink {
@@ -31,6 +32,7 @@ struct BenchParams {
   int n_threads = 0;                      // 0: one per core
   int64_t n_batch = 512;
   uint64_t seed = 1234;                   // random prompt and depth tokens
+  DeviceChoice device = DeviceChoice::kCpu;
 };
 
 struct BenchRow {
@@ -39,9 +41,10 @@ struct BenchRow {
   std::vector<double> samples_s;          // seconds per timed run
   double ts_mean = 0, ts_stddev = 0;      // tokens / second
   std::optional<double> gbps;             // tg only: weight bytes per token * t/s
-  // Layers the device path refused during the run. The engine has no refusal counter yet
-  // (the CUDA path is a later issue): this stays empty until it does, and is read from it.
+  // Layer evaluations (and output heads) the device path refused during the row's runs, read
+  // from the Decoder's refusal counters; empty on the host path.
   std::optional<int64_t> refused_layers;
+  std::string refusals;                   // per reason, "ran 4128, window 64"
 };
 
 struct BenchModelInfo {

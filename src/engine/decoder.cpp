@@ -3,11 +3,47 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "cpu/layer_body.h"
+#include "cpu/recurrent_layer.h"
+#ifdef FRINK_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#include "cuda/device_probe.h"
+#endif
 
 namespace frink {
 
-Decoder::Decoder(const Model& m, DecoderOptions opts) : m_(m), opts_(opts), pool_(opts.n_threads) {}
+namespace {
+
+// The backend for the --device choice: null for the host path. kCuda without a GPU (or in a
+// build without CUDA) is the user's error; kAuto quietly falls back and counts kNoDevice.
+std::unique_ptr<DeviceBackend> make_device(const Model& m, const DecoderOptions& o) {
+  if (o.device == DeviceChoice::kCpu) return nullptr;
+#ifdef FRINK_HAVE_CUDA
+  const cuda::DeviceInfo info = cuda::probe_device();
+  if (!info.present) {
+    if (o.device == DeviceChoice::kCuda) fail("--device cuda: no usable CUDA device ({})", info.why_absent);
+    return nullptr;
+  }
+  return cuda::make_cuda_backend(m, o.hooks);
+#else
+  if (o.device == DeviceChoice::kCuda) fail("--device cuda: this build has no CUDA device path (configure with -DFRINK_CUDA=ON)");
+  return nullptr;
+#endif
+}
+
+}  // namespace
+
+Decoder::Decoder(const Model& m, DecoderOptions opts)
+    : m_(m), opts_(opts), pool_(opts.n_threads), device_(make_device(m, opts)) {
+  if (device_) FRINK_LOG_INFO("device: {}", device_->describe());
+}
+
+Decoder::~Decoder() {
+  if (opts_.device != DeviceChoice::kCpu) FRINK_LOG_DEBUG("device layer refusals: {}", refusals_.summary());
+}
+
+std::string Decoder::device_description() const { return device_ ? device_->describe() : "cpu"; }
 
 void Decoder::eval(Session& s, const std::vector<int32_t>& tokens, bool all_logits,
                    std::vector<float>& logits) {
@@ -27,19 +63,55 @@ void Decoder::eval(Session& s, const std::vector<int32_t>& tokens, bool all_logi
   }
 }
 
+// The device's answer for layer il (il == n_layer: the output head); pure.
+Refusal Decoder::ask_device(int64_t il) const {
+  if (!device_) return Refusal::kNoDevice;
+  if (il == opts_.hooks.refuse_layer) return Refusal::kForcedByTest;
+  return il == m_.hp.n_layer ? device_->check_output() : device_->check_layer(il);
+}
+
 void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* logits_out, bool all_logits) {
   const Hparams& hp = m_.hp;
   const int64_t pos0 = s.n_past();
+  const bool count = opts_.device != DeviceChoice::kCpu;
   std::vector<float> x(static_cast<size_t>(n * hp.n_embd));
   cpu::embed_tokens(m_, tokens, n, x.data());
-  for (int64_t il = 0; il < hp.n_layer; ++il) cpu::attention_layer(m_, il, s.cache(il), x.data(), n, pos0, pool_);
-  s.commit(tokens, n);
-  if (!logits_out) return;
-  if (all_logits) {
-    cpu::output_logits(m_, x.data(), n, logits_out, pool_);
-  } else {
-    cpu::output_logits(m_, x.data() + (n - 1) * hp.n_embd, 1, logits_out, pool_);
+  if (device_) device_->begin_batch(n, pos0);
+  bool x_on_device = false;  // where the current residual lives
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    if (hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone) {  // host only, for now
+      if (x_on_device) device_->download(x.data());
+      x_on_device = false;
+      cpu::recurrent_layer(m_, il, s.recurrent(), x.data(), n, pos0, s.recurrent().delta_chunk(), pool_);
+      continue;
+    }
+    const Refusal r = ask_device(il);
+    if (count) refusals_.add(r);
+    if (r == Refusal::kNone) {
+      if (!x_on_device) device_->upload(x.data());
+      x_on_device = true;
+      device_->run_layer(il, s.cache(il));
+    } else {
+      if (x_on_device) device_->download(x.data());
+      x_on_device = false;
+      cpu::attention_layer(m_, il, s.cache(il), x.data(), n, pos0, pool_);
+    }
   }
+  const int64_t first = all_logits ? 0 : n - 1, n_out = all_logits ? n : 1;
+  if (!logits_out) {
+    if (x_on_device) device_->download(x.data());  // lands the pending K/V rows on the host
+  } else {
+    const Refusal r = ask_device(hp.n_layer);
+    if (count) refusals_.add(r);
+    if (r == Refusal::kNone) {
+      if (!x_on_device) device_->upload(x.data());
+      device_->output_logits(first, n_out, logits_out);
+    } else {
+      if (x_on_device) device_->download(x.data());
+      cpu::output_logits(m_, x.data() + first * hp.n_embd, n_out, logits_out, pool_);
+    }
+  }
+  s.commit(tokens, n);
 }
 
 }  // namespace frink

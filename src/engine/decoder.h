@@ -1,29 +1,44 @@
 // Decoder: runs tokens of a Session through the model's layers and produces logits.
 // Prompts are processed in batches (prefill), generation one token at a time (decode);
-// both use the same host layer bodies, so a prefix processed either way leaves identical
-// caches.
+// both use the same layer bodies, so a prefix processed either way leaves identical caches.
+//
+// Device first, host as fallback (DESIGN.md section 2): per batch and per layer the Decoder
+// asks the device backend (src/engine/device_backend.h) whether it takes the layer; a
+// refusal, decided before any state changed, sends that layer to the host body. The
+// refusal counts live here, per reason, for --verbose and `frink bench`.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "engine/device_backend.h"
 #include "engine/session.h"
 #include "model/model.h"
 
 namespace frink {
 
+enum class DeviceChoice { kCpu, kCuda, kAuto };  // --device cpu|cuda|auto
+
 struct DecoderOptions {
   int n_threads = 0;     // 0: one per core
   int64_t n_batch = 512; // prompt tokens per layer pass
+  DeviceChoice device = DeviceChoice::kCpu;  // kCuda without a usable GPU is an error
+  DeviceHooks hooks;     // test switches only
 };
 
 class Decoder {
  public:
   Decoder(const Model& m, DecoderOptions opts);
+  ~Decoder();
 
   const Model& model() const { return m_; }
   int64_t n_vocab() const { return m_.hp.n_vocab; }
+  // True when a device backend serves this decoder (layers may still refuse).
+  bool on_device() const { return device_ != nullptr; }
+  std::string device_description() const;
+  const RefusalCounts& refusals() const { return refusals_; }
 
   // Appends tokens to the session and runs them. logits receives [n][n_vocab] when
   // all_logits, else the last token's [n_vocab]. Throws frink::Error, leaving the session
@@ -32,10 +47,13 @@ class Decoder {
 
  private:
   void eval_batch(Session& s, const int32_t* tokens, int64_t n, float* logits_out, bool all_logits);
+  Refusal ask_device(int64_t il) const;
 
   const Model& m_;
   DecoderOptions opts_;
   ThreadPool pool_;
+  std::unique_ptr<DeviceBackend> device_;  // null: host only
+  RefusalCounts refusals_;
 };
 
 }  // namespace frink

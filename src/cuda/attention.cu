@@ -1,0 +1,128 @@
+// Split-K attention (see attention.cuh).
+//
+// Kernel 1, grid (n_split, n_head, n_tok), 4 warps: each warp takes keys of its chunk in
+// turn; lanes split the head dimension (d = lane + 32 i), a warp shuffle sums Q.K, and the
+// warp keeps an online softmax (max m, sum l, acc[head_dim_v]) in registers. The 4 warps
+// merge through shared memory and write (m, l, acc) for the chunk. Kernel 2 merges chunks.
+// Chunks entirely past a query's last key write m = -inf and are skipped by the merge.
+#include "cuda/attention.cuh"
+
+#include <cmath>
+
+#include "cuda/cuda_check.h"
+
+namespace frink::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kPer = kAttnMaxHeadDim / 32;  // head-dim elements per lane
+
+__host__ __device__ int64_t n_split_for(int64_t n_keys) { return (n_keys + kAttnChunk - 1) / kAttnChunk; }
+
+__global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p, int64_t n_split) {
+  const int64_t split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t hk = h / (p.n_head / p.n_head_kv);
+  const int64_t n_keys = p.pos0 + t + 1;
+  const int64_t begin = split * kAttnChunk, end = min(n_keys, begin + kAttnChunk);
+  const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
+  const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
+
+  float q[kPer];
+  const float* qh = p.q + t * p.q_stride + h * p.head_dim_k;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) q[i] = lane + 32 * i < hdk ? qh[lane + 32 * i] : 0.0f;
+
+  float m = -INFINITY, l = 0.0f, acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) acc[i] = 0.0f;
+  for (int64_t j = begin + warp; j < end; j += kWarps) {
+    const float* kj = p.k + j * kw + hk * p.head_dim_k;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < hdk) s += q[i] * kj[lane + 32 * i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s *= p.scale;
+    if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), e = expf(s - m_new);
+    l = l * corr + e;
+    const float* vj = p.v + j * vw + hk * p.head_dim_v;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < hdv) acc[i] = acc[i] * corr + e * vj[lane + 32 * i];
+    m = m_new;
+  }
+
+  // Merge the warps: per warp (m, l) and acc[head_dim_v].
+  __shared__ float s_ml[kWarps][2];
+  __shared__ float s_acc[kWarps][kAttnMaxHeadDim];
+  if (lane == 0) {
+    s_ml[warp][0] = m;
+    s_ml[warp][1] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < hdv) s_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  float* out = p.partial + ((t * p.n_head + h) * n_split + split) * (2 + p.head_dim_v);
+  float mm = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_ml[w][0]);
+  if (threadIdx.x == 0) {
+    float ll = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (s_ml[w][0] != -INFINITY) ll += s_ml[w][1] * expf(s_ml[w][0] - mm);
+    out[0] = mm;
+    out[1] = ll;
+  }
+  for (int d = threadIdx.x; d < hdv; d += kWarps * 32) {
+    float a = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (s_ml[w][0] != -INFINITY) a += s_acc[w][d] * expf(s_ml[w][0] - mm);
+    out[2 + d] = a;
+  }
+}
+
+// grid (n_head, n_tok), 128 threads: merges the chunks of one (token, head).
+__global__ void attn_merge_kernel(AttnParams p, int64_t n_split) {
+  const int64_t h = blockIdx.x, t = blockIdx.y;
+  const int64_t stride = 2 + p.head_dim_v;
+  const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
+  const int64_t used = n_split_for(p.pos0 + t + 1);
+  float mm = -INFINITY;
+  for (int64_t s = 0; s < used; ++s) mm = fmaxf(mm, part[s * stride]);
+  float ll = 0.0f;
+  for (int64_t s = 0; s < used; ++s) ll += part[s * stride + 1] * expf(part[s * stride] - mm);
+  float* out = p.out + t * p.n_head * p.head_dim_v + h * p.head_dim_v;
+  for (int64_t d = threadIdx.x; d < p.head_dim_v; d += blockDim.x) {
+    float a = 0.0f;
+    for (int64_t s = 0; s < used; ++s) a += part[s * stride + 2 + d] * expf(part[s * stride] - mm);
+    out[d] = a / ll;
+  }
+}
+
+}  // namespace
+
+size_t attn_partial_floats(int64_t n_tok, int64_t pos0, int64_t n_head, int64_t head_dim_v) {
+  return static_cast<size_t>(n_tok * n_head * n_split_for(pos0 + n_tok) * (2 + head_dim_v));
+}
+
+void launch_attention(const AttnParams& p) {
+  FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
+                           p.n_head % p.n_head_kv == 0
+                       ? cudaSuccess
+                       : cudaErrorInvalidValue);
+  const int64_t n_split = n_split_for(p.pos0 + p.n_tok);
+  attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
+                             static_cast<unsigned>(p.n_tok)),
+                        kWarps * 32, 0, p.stream>>>(p, n_split);
+  FRINK_CUDA_CHECK_LAUNCH();
+  attn_merge_kernel<<<dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)), 128, 0, p.stream>>>(
+      p, n_split);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace frink::cuda

@@ -1,0 +1,38 @@
+// Attention on the device against a sequence's KV mirror (src/cuda/kv_mirror.h), for
+// decode (n_tok = 1) and causal prefill (n_tok > 1) alike: query t at position pos0 + t sees
+// mirror rows [0, pos0 + t]. Split-K over the sequence (flash-decoding): the keys are cut
+// into chunks of kAttnChunk, each (token, head, chunk) block computes a partial softmax
+// (max, sum, weighted V), and a second kernel merges the chunks, so a long context keeps
+// every SM busy at batch 1. GQA (n_head a multiple of n_head_kv) and a logit softcap are
+// supported; windows, sinks and ALiBi are refused upstream (check_layer), never here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace frink::cuda {
+
+inline constexpr int64_t kAttnChunk = 256;    // keys per split
+inline constexpr int64_t kAttnMaxHeadDim = 256;
+
+struct AttnParams {
+  const float* q = nullptr;   // [n_tok][q_stride]: heads of head_dim_k, post-RoPE/QK-norm
+  int64_t q_stride = 0;
+  const float* k = nullptr;   // mirror [capacity][n_head_kv * head_dim_k]
+  const float* v = nullptr;   // mirror [capacity][n_head_kv * head_dim_v]
+  float* out = nullptr;       // [n_tok][n_head * head_dim_v]
+  int64_t n_tok = 0, pos0 = 0;
+  int64_t n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
+  float scale = 1.0f;         // multiplies Q.K
+  float softcap = 0.0f;       // > 0: scores -> c * tanh(scores / c)
+  float* partial = nullptr;   // scratch of attn_partial_floats(...) floats
+  cudaStream_t stream = nullptr;
+};
+
+// Scratch floats the split-K partials need.
+size_t attn_partial_floats(int64_t n_tok, int64_t pos0, int64_t n_head, int64_t head_dim_v);
+void launch_attention(const AttnParams& p);
+
+}  // namespace frink::cuda

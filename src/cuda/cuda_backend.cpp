@@ -1,0 +1,381 @@
+// CudaBackend: one attention layer = ONE submission. Attention norm, Q/K/V projections,
+// QK-norm, RoPE, the K/V append to the mirror (and the copy back to the host), split-K
+// attention against the mirror, output projection, residual, FFN norm, FFN and residual are
+// all enqueued on one stream; nothing waits until the Decoder needs the residual or the
+// logits on the host, so a token whose layers all run here costs one wait.
+//
+// K/V copy-back: each layer's new rows go device -> pinned staging in the same stream; the
+// wait in download()/output_logits() then appends them to their host caches and marks the
+// mirrors caught up. Host caches are behind only between a run_layer and that wait, and
+// nothing reads them in between (a host layer reads only its own cache).
+#include "cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "cuda/attention.cuh"
+#include "cuda/cuda_check.h"
+#include "cuda/device_probe.h"
+#include "cuda/device_weights.h"
+#include "cuda/elementwise.cuh"
+#include "cuda/kv_mirror.h"
+#include "cuda/matmul.cuh"
+#include "cuda/norm.cuh"
+#include "cuda/rope.cuh"
+
+namespace frink::cuda {
+
+namespace {
+
+// A device buffer that only grows (sized for the largest batch seen).
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  ~DevBuf() { cudaFree(p); }
+  void ensure(size_t n) {
+    if (n <= bytes) return;
+    FRINK_CUDA_CHECK(cudaFree(p));
+    p = nullptr;
+    FRINK_CUDA_CHECK(cudaMalloc(&p, n));
+    bytes = n;
+  }
+  float* f() const { return static_cast<float*>(p); }
+};
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  CudaBackend(const Model& m, const DeviceHooks& hooks);
+  ~CudaBackend() override;
+
+  std::string describe() const override;
+  Refusal check_layer(int64_t il) const override { return refusal_[static_cast<size_t>(il)]; }
+  Refusal check_output() const override { return refusal_.back(); }
+  void begin_batch(int64_t n_tok, int64_t pos0) override;
+  void upload(const float* x) override;
+  void download(float* x) override;
+  void run_layer(int64_t il, KvCache& cache) override;
+  void output_logits(int64_t first, int64_t n, float* logits) override;
+
+ private:
+  struct Pending {
+    KvCache* cache;
+    KvMirror* mirror;
+    size_t k_off, v_off;  // floats into staging_
+  };
+  void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
+  void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
+  void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out);
+  void flush();  // waits, then lands pending K/V rows on the host
+
+  const Model& m_;
+  DeviceHooks hooks_;
+  DeviceInfo info_;
+  DeviceWeights w_;
+  std::vector<Refusal> refusal_;  // per layer, then the output head
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::unordered_map<const KvCache*, std::unique_ptr<KvMirror>> mirrors_;
+
+  int64_t n_tok_ = 0, pos0_ = 0;
+  DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
+  size_t scratch_elems_ = 0;
+  float* staging_ = nullptr;  // pinned: new K/V rows on their way to the host caches
+  size_t staging_floats_ = 0, staging_used_ = 0;
+  std::vector<Pending> pending_;
+};
+
+CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
+    : m_(m), hooks_(hooks), info_(probe_device()), w_(m) {
+  for (int64_t il = 0; il <= m.hp.n_layer; ++il) refusal_.push_back(device_refusal(m, il));
+  FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialised");
+  if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  cudaFreeHost(staging_);
+  cublasDestroy(blas_);
+  cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::describe() const {
+  int refused = 0;
+  for (Refusal r : refusal_) refused += r != Refusal::kNone;
+  return fmt::format("{} (sm_{}{}), {:.2f} GiB of weights resident, {} of {} layers+head refused", info_.name,
+                     info_.sm_major, info_.sm_minor, w_.bytes() / 1073741824.0, refused, refusal_.size());
+}
+
+void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
+  FRINK_ASSERT(pending_.empty(), "a batch began with K/V rows still pending");
+  n_tok_ = n_tok;
+  pos0_ = pos0;
+  const Hparams& hp = m_.hp;
+  int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd, part = 0;
+  for (const LayerPlan& p : hp.layers) {
+    q_w = std::max(q_w, p.n_head * p.head_dim_k);
+    kv_w = std::max({kv_w, p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v});
+    qkv_w = std::max(qkv_w, p.n_head * p.head_dim_k + p.n_head_kv * (p.head_dim_k + p.head_dim_v));
+    o_w = std::max(o_w, p.n_head * p.head_dim_v);
+    ff = std::max(ff, 2 * p.n_ff);
+    max_in = std::max({max_in, o_w, p.n_ff});
+    part = std::max(part, static_cast<int64_t>(attn_partial_floats(n_tok, pos0, p.n_head, p.head_dim_v)));
+  }
+  const auto fl = [n_tok](int64_t w) { return static_cast<size_t>(n_tok * w) * sizeof(float); };
+  x_.ensure(fl(hp.n_embd));
+  h_.ensure(fl(hp.n_embd));
+  o_.ensure(fl(hp.n_embd));
+  f_.ensure(fl(hp.n_embd));
+  q_.ensure(fl(q_w));
+  k_.ensure(fl(kv_w));
+  v_.ensure(fl(kv_w));
+  qkv_.ensure(fl(qkv_w));
+  attn_.ensure(fl(o_w));
+  gate_.ensure(fl(ff));
+  up_.ensure(fl(ff));
+  hidden_.ensure(fl(ff));
+  partial_.ensure(static_cast<size_t>(part) * sizeof(float));
+  act_.ensure(fl(max_in));
+  if (n_tok > kMatvecMaxTok) {
+    scratch_elems_ = matmul_scratch_elems(max_in, n_tok);
+    scratch_.ensure(scratch_elems_ * 2);
+  }
+  const size_t need = static_cast<size_t>(hp.n_layer * n_tok * 2 * kv_w);
+  if (need > staging_floats_) {
+    FRINK_CUDA_CHECK(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    FRINK_CUDA_CHECK(cudaMallocHost(&staging_, need * sizeof(float)));
+    staging_floats_ = need;
+  }
+  staging_used_ = 0;
+}
+
+void CudaBackend::upload(const float* x) {
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(x_.p, x, static_cast<size_t>(n_tok_ * m_.hp.n_embd) * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::download(float* x) {
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(x, x_.p, static_cast<size_t>(n_tok_ * m_.hp.n_embd) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+  flush();
+}
+
+void CudaBackend::flush() {
+  FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (const Pending& pd : pending_) {
+    const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
+    for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_ + pd.k_off + t * kw, staging_ + pd.v_off + t * vw);
+    pd.mirror->caught_up(*pd.cache);
+  }
+  pending_.clear();
+}
+
+void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+  MatmulParams p;
+  p.type = l.type;
+  p.w = l.w;
+  p.row_bytes = l.row_bytes;
+  p.n_in = l.n_in;
+  p.n_out = l.n_out;
+  p.x = x;
+  p.x_stride = x_stride;
+  p.y = y;
+  p.y_stride = y_stride;
+  p.n_tok = n_tok_;
+  p.bias = l.b;
+  p.scale = l.scale;
+  p.bias_before_scale = l.bias_before_scale;
+  p.blas = blas_;
+  p.scratch = scratch_.p;
+  p.scratch_elems = scratch_elems_;
+  p.act_round = act_.f();
+  p.stream = stream_;
+  launch_matmul(p);
+}
+
+void CudaBackend::norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len,
+                            int64_t stride, bool layer) {
+  NormParams p;
+  p.x = x;
+  p.x_stride = stride;
+  p.y = y;
+  p.y_stride = stride;
+  p.n = len;
+  p.n_rows = n_rows;
+  p.w = n.w;
+  p.b = n.b;
+  p.eps = m_.hp.norm_eps;
+  p.layer_norm = layer;
+  p.stream = stream_;
+  launch_norm(p);
+}
+
+// The feed-forward block on normed h [n_tok][n_embd] -> out [n_tok][n_embd] (cpu ffn()).
+void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out) {
+  const int64_t E = m_.hp.n_embd, n_ff = p.n_ff;
+  GluParams g;
+  g.out = hidden_.f();
+  g.n = n_ff;
+  g.n_tok = n_tok_;
+  g.gelu = p.act == Activation::kGeluTanh;
+  g.stream = stream_;
+  if (p.ffn == FfnKind::kGated) {
+    // self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    matmul(d.ffn_gate, h, E, gate_.f(), n_ff);
+    matmul(d.ffn_up, h, E, up_.f(), n_ff);
+    g.gate = gate_.f();
+    g.up = up_.f();
+    g.gate_stride = g.up_stride = n_ff;
+  } else if (p.ffn == FfnKind::kGatedFused) {
+    matmul(d.ffn_up, h, E, gate_.f(), 2 * n_ff);
+    g.gate = gate_.f();
+    g.up = gate_.f() + n_ff;
+    g.gate_stride = g.up_stride = 2 * n_ff;
+  } else {
+    matmul(d.ffn_up, h, E, gate_.f(), n_ff);
+    g.gate = gate_.f();
+    g.gate_stride = n_ff;
+  }
+  launch_glu(g);
+  matmul(d.ffn_down, hidden_.f(), n_ff, out, E);
+}
+
+void CudaBackend::run_layer(int64_t il, KvCache& cache) {
+  const Hparams& hp = m_.hp;
+  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  const DeviceLayer& d = w_.layer(il);
+  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_layer on refused layer {}", il);
+  FRINK_ASSERT(cache.rows() == pos0_, "cache has {} rows at position {}", cache.rows(), pos0_);
+  const int64_t E = hp.n_embd, n = n_tok_;
+  const int64_t q_w = p.n_head * p.head_dim_k, k_w = p.n_head_kv * p.head_dim_k, v_w = p.n_head_kv * p.head_dim_v;
+  const bool ln = hp.norm == NormKind::kLayer;
+
+  auto& mirror = mirrors_[&cache];
+  if (!mirror) mirror = std::make_unique<KvMirror>(k_w, v_w);
+  mirror->prepare(cache, n, stream_, hooks_.trust_stale_mirror);
+
+  // h = self.input_layernorm(x)
+  norm_rows(d.attn_norm, x_.f(), h_.f(), n, E, E, ln);
+  // q, k, v = q_proj(h), k_proj(h), v_proj(h)   (or one fused projection, split)
+  if (d.wqkv) {
+    const int64_t w3 = q_w + k_w + v_w;
+    matmul(d.wqkv, h_.f(), E, qkv_.f(), w3);
+    const auto split = [&](float* dst, int64_t off, int64_t w) {
+      FRINK_CUDA_CHECK(cudaMemcpy2DAsync(dst, w * sizeof(float), qkv_.f() + off, w3 * sizeof(float), w * sizeof(float),
+                                         n, cudaMemcpyDeviceToDevice, stream_));
+    };
+    split(q_.f(), 0, q_w);
+    split(k_.f(), q_w, k_w);
+    split(v_.f(), q_w + k_w, v_w);
+  } else {
+    matmul(d.wq, h_.f(), E, q_.f(), q_w);
+    matmul(d.wk, h_.f(), E, k_.f(), k_w);
+    matmul(d.wv, h_.f(), E, v_.f(), v_w);
+  }
+  // q = q_norm(q), k = k_norm(k) per head; apply_rotary_pos_emb(q, k, cos, sin)
+  if (p.qk_norm) {
+    norm_rows(d.q_norm, q_.f(), q_.f(), n * p.n_head, p.head_dim_k, p.head_dim_k, false);
+    norm_rows(d.k_norm, k_.f(), k_.f(), n * p.n_head_kv, p.head_dim_k, p.head_dim_k, false);
+  }
+  if (p.rope.kind != RopeKind::kNone) {
+    RopeLaunch r;
+    r.n_tok = n;
+    r.head_dim = p.head_dim_k;
+    r.pos0 = pos0_;
+    r.n_rot = p.rope.n_rot;
+    r.neox = p.rope.kind == RopeKind::kNeox;
+    r.freq_base = p.rope.freq_base;
+    r.freq_scale = p.rope.freq_scale;
+    r.ext_factor = p.rope.ext_factor;
+    r.attn_factor = p.rope.attn_factor;
+    r.beta_fast = p.rope.beta_fast;
+    r.beta_slow = p.rope.beta_slow;
+    r.n_ctx_orig = p.rope.n_ctx_orig;
+    r.freq_factors = p.rope.use_freq_factors ? w_.rope_freqs : nullptr;
+    r.stream = stream_;
+    r.x = q_.f();
+    r.row_stride = q_w;
+    r.n_head = p.n_head;
+    launch_rope(r);
+    r.x = k_.f();
+    r.row_stride = k_w;
+    r.n_head = p.n_head_kv;
+    launch_rope(r);
+  }
+  // The new rows: into the mirror at pos0, and back to the host cache (landed by flush()).
+  const size_t kb = static_cast<size_t>(n * k_w) * sizeof(float), vb = static_cast<size_t>(n * v_w) * sizeof(float);
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(mirror->k_rows(pos0_), k_.p, kb, cudaMemcpyDeviceToDevice, stream_));
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(mirror->v_rows(pos0_), v_.p, vb, cudaMemcpyDeviceToDevice, stream_));
+  FRINK_ASSERT(staging_used_ + static_cast<size_t>(n * (k_w + v_w)) <= staging_floats_, "staging too small");
+  Pending pd{&cache, mirror.get(), staging_used_, staging_used_ + static_cast<size_t>(n * k_w)};
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + pd.k_off, k_.p, kb, cudaMemcpyDeviceToHost, stream_));
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + pd.v_off, v_.p, vb, cudaMemcpyDeviceToHost, stream_));
+  staging_used_ += static_cast<size_t>(n * (k_w + v_w));
+  pending_.push_back(pd);
+
+  // attn_output = softmax(q k^T * scale + mask) v, against the mirror rows [0, pos0 + t]
+  AttnParams a;
+  a.q = q_.f();
+  a.q_stride = q_w;
+  a.k = mirror->k_rows(0);
+  a.v = mirror->v_rows(0);
+  a.out = attn_.f();
+  a.n_tok = n;
+  a.pos0 = pos0_;
+  a.n_head = p.n_head;
+  a.n_head_kv = p.n_head_kv;
+  a.head_dim_k = p.head_dim_k;
+  a.head_dim_v = p.head_dim_v;
+  a.scale = p.attn_scale;
+  a.softcap = p.attn_softcap;
+  a.partial = partial_.f();
+  a.stream = stream_;
+  launch_attention(a);
+  // o_proj(attn_output) (+ the sandwich norm)
+  matmul(d.wo, attn_.f(), p.n_head * p.head_dim_v, o_.f(), E);
+  if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
+
+  if (p.parallel_residual) {
+    // x + attn(ln(x)) + mlp(ln(x)): the FFN reads the same normed input (or its own norm)
+    if (d.ffn_norm.w) norm_rows(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
+    ffn(p, d, h_.f(), f_.f());
+    launch_add(x_.f(), x_.f(), o_.f(), f_.f(), n * E, stream_);
+    return;
+  }
+  // x = x + attn ; x = x + mlp(post_attention_layernorm(x))
+  launch_add(x_.f(), x_.f(), o_.f(), nullptr, n * E, stream_);
+  norm_rows(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
+  ffn(p, d, h_.f(), f_.f());
+  if (p.post_ffn_norm) norm_rows(d.post_ffn_norm, f_.f(), f_.f(), n, E, E, ln);
+  launch_add(x_.f(), x_.f(), f_.f(), nullptr, n * E, stream_);
+}
+
+void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
+  const Hparams& hp = m_.hp;
+  const int64_t E = hp.n_embd, V = hp.n_vocab;
+  logits_.ensure(static_cast<size_t>(n * V) * sizeof(float));
+  norm_rows(w_.output_norm, x_.f() + first * E, h_.f(), n, E, E, hp.norm == NormKind::kLayer);
+  const int64_t saved = n_tok_;
+  n_tok_ = n;  // the head runs on n rows only
+  matmul(w_.output, h_.f(), E, logits_.f(), V);
+  n_tok_ = saved;
+  if (hp.final_softcap > 0.0f) launch_softcap(logits_.f(), n * V, hp.final_softcap, stream_);
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(n * V) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+  flush();
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> make_cuda_backend(const Model& m, const DeviceHooks& hooks) {
+  return std::make_unique<CudaBackend>(m, hooks);
+}
+
+}  // namespace frink::cuda

@@ -1,0 +1,16 @@
+// The CUDA implementation of DeviceBackend (src/engine/device_backend.h): whole attention
+// layers on one stream against each sequence's KV mirror.
+#pragma once
+
+#include <memory>
+
+#include "engine/device_backend.h"
+#include "model/model.h"
+
+namespace frink::cuda {
+
+// Uploads the model's device-eligible weights (progress and memory logged). Precondition:
+// probe_device().present. Throws frink::Error on a device failure.
+std::unique_ptr<DeviceBackend> make_cuda_backend(const Model& m, const DeviceHooks& hooks);
+
+}  // namespace frink::cuda

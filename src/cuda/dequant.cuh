@@ -1,0 +1,197 @@
+// Device decoders of GGUF blocks, one 32-element piece at a time: dequant32<T>(row, s, out)
+// writes elements [32 s, 32 s + 32) of a weight row. Formulas and operation order follow
+// the host reference (src/quant/dequant.cpp), so a device product differs from the host
+// one only in summation order and in the host's 8-bit activation rounding.
+// Only for .cu files. Type ids are ggml's (GgmlType); layouts are src/quant/blocks.h's, read
+// here by byte offset because blocks of 18/34/210 bytes are only 1- or 2-byte aligned.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace frink::cuda {
+
+// ggml type ids this file decodes (the values of frink::GgmlType).
+enum DevType : int {
+  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
+  kBF16 = 30, kMXFP4 = 39,
+};
+
+__device__ __forceinline__ float h2f(const uint8_t* p) {
+  const uint16_t bits = static_cast<uint16_t>(p[0] | (p[1] << 8));
+  return __half2float(__ushort_as_half(bits));
+}
+__device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+
+static __constant__ int8_t kDevIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
+static __constant__ int8_t kDevMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Q4_K/Q5_K 6-bit scale and min of sub-block j (get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Two halves of a 16-byte nibble array: out[j] from the low nibbles, out[16 + j] from the high.
+template <typename F>
+__device__ __forceinline__ void nibbles(const uint8_t* qs, float* out, F f) {
+#pragma unroll
+  for (int j = 0; j < 16; j += 2) {
+    const uint16_t w = ld_u16(qs + j);
+    out[j] = f(w & 0xF);
+    out[j + 1] = f((w >> 8) & 0xF);
+    out[j + 16] = f((w >> 4) & 0xF);
+    out[j + 17] = f(w >> 12);
+  }
+}
+
+template <int T> struct BlockGeom;
+template <> struct BlockGeom<kQ4_0> { static constexpr int kElems = 32, kBytes = 18; };
+template <> struct BlockGeom<kQ4_1> { static constexpr int kElems = 32, kBytes = 20; };
+template <> struct BlockGeom<kQ5_0> { static constexpr int kElems = 32, kBytes = 22; };
+template <> struct BlockGeom<kQ5_1> { static constexpr int kElems = 32, kBytes = 24; };
+template <> struct BlockGeom<kQ8_0> { static constexpr int kElems = 32, kBytes = 34; };
+template <> struct BlockGeom<kQ2_K> { static constexpr int kElems = 256, kBytes = 84; };
+template <> struct BlockGeom<kQ3_K> { static constexpr int kElems = 256, kBytes = 110; };
+template <> struct BlockGeom<kQ4_K> { static constexpr int kElems = 256, kBytes = 144; };
+template <> struct BlockGeom<kQ5_K> { static constexpr int kElems = 256, kBytes = 176; };
+template <> struct BlockGeom<kQ6_K> { static constexpr int kElems = 256, kBytes = 210; };
+template <> struct BlockGeom<kIQ4_NL> { static constexpr int kElems = 32, kBytes = 18; };
+template <> struct BlockGeom<kIQ4_XS> { static constexpr int kElems = 256, kBytes = 136; };
+template <> struct BlockGeom<kMXFP4> { static constexpr int kElems = 32, kBytes = 17; };
+
+// Elements [32 s, 32 s + 32) of a quantized row.
+template <int T>
+__device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* out) {
+  using G = BlockGeom<T>;
+  constexpr int kSub = G::kElems / 32;
+  const uint8_t* b = row + (s / kSub) * G::kBytes;
+  const int j = static_cast<int>(s % kSub);
+  if constexpr (T == kQ4_0) {
+    const float d = h2f(b);
+    nibbles(b + 2, out, [d](int q) { return (q - 8) * d; });
+  } else if constexpr (T == kQ4_1) {
+    const float d = h2f(b), m = h2f(b + 2);
+    nibbles(b + 4, out, [d, m](int q) { return __fadd_rn(__fmul_rn(q, d), m); });
+  } else if constexpr (T == kQ5_0 || T == kQ5_1) {
+    constexpr int kOff = T == kQ5_0 ? 2 : 4;
+    const float d = h2f(b), m = T == kQ5_1 ? h2f(b + 2) : 0.0f;
+    const uint32_t qh = ld_u16(b + kOff) | (static_cast<uint32_t>(ld_u16(b + kOff + 2)) << 16);
+    const uint8_t* qs = b + kOff + 4;
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      const int h0 = ((qh >> l) << 4) & 0x10, h1 = (qh >> (l + 12)) & 0x10;
+      const int q0 = (qs[l] & 0xF) | h0, q1 = (qs[l] >> 4) | h1;
+      if constexpr (T == kQ5_0) {
+        out[l] = (q0 - 16) * d;
+        out[l + 16] = (q1 - 16) * d;
+      } else {
+        out[l] = __fadd_rn(__fmul_rn(q0, d), m);
+        out[l + 16] = __fadd_rn(__fmul_rn(q1, d), m);
+      }
+    }
+  } else if constexpr (T == kQ8_0) {
+    const float d = h2f(b);
+#pragma unroll
+    for (int l = 0; l < 32; l += 2) {
+      const uint16_t w = ld_u16(b + 2 + l);
+      out[l] = static_cast<int8_t>(w & 0xFF) * d;
+      out[l + 1] = static_cast<int8_t>(w >> 8) * d;
+    }
+  } else if constexpr (T == kQ2_K) {
+    const float d = h2f(b + 80), dmin = h2f(b + 82);
+    const int half = j / 4, shift = 2 * (j % 4);
+    const uint8_t* q = b + 16 + 32 * half;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t sc = b[8 * half + 2 * (j % 4) + l / 16];
+      out[l] = __fsub_rn(__fmul_rn(d * (sc & 0xF), (q[l] >> shift) & 3), dmin * (sc >> 4));
+    }
+  } else if constexpr (T == kQ3_K) {
+    const float d_all = h2f(b + 108);
+    const uint8_t* hm = b;
+    const uint8_t* sc = b + 96;
+    const int half = j / 4, shift = 2 * (j % 4);
+    const uint8_t m = static_cast<uint8_t>(1u << (4 * half + j % 4));
+    const uint8_t* q = b + 32 + 32 * half;
+#pragma unroll
+    for (int sub = 0; sub < 2; ++sub) {
+      const int is = 8 * half + 2 * (j % 4) + sub;
+      const int low = is < 8 ? sc[is] & 0xF : sc[is - 8] >> 4;
+      const int high = (sc[8 + is % 4] >> (2 * (is / 4))) & 3;
+      const float dl = d_all * ((low | (high << 4)) - 32);
+#pragma unroll
+      for (int l = 16 * sub; l < 16 * sub + 16; ++l)
+        out[l] = dl * (((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+    }
+  } else if constexpr (T == kQ4_K || T == kQ5_K) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    int sc, mn;
+    scale_min_k4(j, b + 4, sc, mn);
+    const float d1 = d * sc, m1 = dmin * mn;
+    const uint8_t* ql = b + (T == kQ4_K ? 16 : 48) + 32 * (j / 2);
+    const int sh = (j % 2) * 4;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      int q = (ql[l] >> sh) & 0xF;
+      if constexpr (T == kQ5_K) q += (b[16 + l] >> j) & 1 ? 16 : 0;
+      out[l] = __fsub_rn(__fmul_rn(d1, q), m1);
+    }
+  } else if constexpr (T == kQ6_K) {
+    const float d = h2f(b + 208);
+    const int half = j / 4, qq = j % 4;
+    const uint8_t* ql = b + 64 * half + (qq & 1) * 32;
+    const uint8_t* qh = b + 128 + 32 * half;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * half;
+    const int lsh = (qq / 2) * 4, hsh = 2 * qq;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const int q = (((ql[l] >> lsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4)) - 32;
+      out[l] = d * sc[l / 16 + 2 * qq] * q;
+    }
+  } else if constexpr (T == kIQ4_NL) {
+    const float d = h2f(b);
+    nibbles(b + 2, out, [d](int q) { return d * kDevIq4nl[q]; });
+  } else if constexpr (T == kIQ4_XS) {
+    const float d = h2f(b);
+    const int scales_h = ld_u16(b + 2);
+    const int ls = ((b[4 + j / 2] >> 4 * (j % 2)) & 0xF) | (((scales_h >> 2 * j) & 3) << 4);
+    const float dl = d * (ls - 32);
+    nibbles(b + 8 + 16 * j, out, [dl](int q) { return dl * kDevIq4nl[q]; });
+  } else if constexpr (T == kMXFP4) {
+    const uint8_t e = b[0];
+    const float d = __uint_as_float(e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e - 1) << 23));
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      out[l] = kDevMxfp4[b[1 + l] & 0xF] * d;
+      out[l + 16] = kDevMxfp4[b[1 + l] >> 4] * d;
+    }
+  }
+}
+
+// One element of a plain (F32/F16/BF16) row.
+template <int T>
+__device__ __forceinline__ float plain_at(const uint8_t* row, int64_t i) {
+  if constexpr (T == kF32) return reinterpret_cast<const float*>(row)[i];
+  else if constexpr (T == kF16) return __half2float(reinterpret_cast<const __half*>(row)[i]);
+  else return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[i]);
+}
+
+template <int T> constexpr bool kIsPlain = T == kF32 || T == kF16 || T == kBF16;
+
+// Expands F(T) for every type with a device decoder: the ONE list, read by both
+// matmul_supported() and the dispatch, so support and dispatch cannot disagree.
+#define FRINK_FOR_EACH_DEVICE_TYPE(F)                                                      \
+  F(kF32) F(kF16) F(kBF16) F(kQ4_0) F(kQ4_1) F(kQ5_0) F(kQ5_1) F(kQ8_0) F(kQ2_K) F(kQ3_K) \
+  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4)
+
+}  // namespace frink::cuda

@@ -1,0 +1,128 @@
+#include "cuda/device_weights.h"
+
+#include <algorithm>
+
+#include <cuda_runtime.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "cuda/attention.cuh"
+#include "cuda/cuda_check.h"
+#include "cuda/matmul.cuh"
+
+namespace frink::cuda {
+
+namespace {
+
+bool linear_ok(const Linear& l) { return !l || matmul_supported(static_cast<int>(l.w->type)); }
+
+}  // namespace
+
+Refusal device_refusal(const Model& m, int64_t il) {
+  if (il == m.hp.n_layer) return linear_ok(m.w.output) ? Refusal::kNone : Refusal::kQuantType;
+  const LayerPlan& p = m.hp.layers[static_cast<size_t>(il)];
+  const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
+  if (p.window > 0) return Refusal::kWindow;
+  if (p.alibi) return Refusal::kAlibi;
+  if (p.attn_sinks) return Refusal::kSinks;
+  if (p.ffn == FfnKind::kMoe) return Refusal::kMoe;
+  if (p.qk_norm_full) return Refusal::kShape;
+  if (p.rope.ext_factor != 0.0f && !p.rope.yarn_truncate) return Refusal::kRope;
+  if (p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0 || p.head_dim_k > kAttnMaxHeadDim ||
+      p.head_dim_v > kAttnMaxHeadDim)
+    return Refusal::kShape;
+  if (p.rope.kind != RopeKind::kNone && (p.rope.n_rot > p.head_dim_k || p.rope.n_rot % 2 != 0)) return Refusal::kRope;
+  for (const Linear* l : {&w.wq, &w.wk, &w.wv, &w.wqkv, &w.wo, &w.ffn_gate, &w.ffn_up, &w.ffn_down})
+    if (!linear_ok(*l)) return Refusal::kQuantType;
+  return Refusal::kNone;
+}
+
+DeviceWeights::DeviceWeights(const Model& m) {
+  const Hparams& hp = m.hp;
+  layers_.resize(static_cast<size_t>(hp.n_layer));
+  size_t free0 = 0, total = 0;
+  FRINK_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+  int64_t next_report = 0;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    if (il * 10 >= next_report * hp.n_layer) {
+      FRINK_LOG_INFO("device: uploading weights, layer {}/{}, {:.2f} GiB so far", il, hp.n_layer, bytes_ / 1073741824.0);
+      ++next_report;
+    }
+    if (device_refusal(m, il) != Refusal::kNone) continue;
+    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
+    DeviceLayer& d = layers_[static_cast<size_t>(il)];
+    const bool ln = hp.norm == NormKind::kLayer;
+    auto nrm = [&](const Norm& n, int64_t len) {
+      DeviceNorm r = norm(n, len);
+      if (!ln) r.b = nullptr;  // RMSNorm has no bias
+      return r;
+    };
+    d.attn_norm = nrm(w.attn_norm, hp.n_embd);
+    d.q_norm = norm(w.q_norm, p.head_dim_k);
+    d.k_norm = norm(w.k_norm, p.head_dim_k);
+    d.q_norm.b = d.k_norm.b = nullptr;
+    d.post_attn_norm = nrm(w.post_attn_norm, hp.n_embd);
+    d.ffn_norm = nrm(w.ffn_norm, hp.n_embd);
+    d.post_ffn_norm = nrm(w.post_ffn_norm, hp.n_embd);
+    d.wq = linear(w.wq);
+    d.wk = linear(w.wk);
+    d.wv = linear(w.wv);
+    d.wqkv = linear(w.wqkv);
+    d.wo = linear(w.wo);
+    d.ffn_gate = linear(w.ffn_gate);
+    d.ffn_up = linear(w.ffn_up);
+    d.ffn_down = linear(w.ffn_down);
+  }
+  if (device_refusal(m, hp.n_layer) == Refusal::kNone) {
+    output_norm = norm(m.w.output_norm, hp.n_embd);
+    if (hp.norm != NormKind::kLayer) output_norm.b = nullptr;
+    output = linear(m.w.output);
+  }
+  if (m.w.rope_freqs) {
+    int64_t n_rot = 0;
+    for (const LayerPlan& p : hp.layers) n_rot = std::max(n_rot, p.rope.n_rot);
+    rope_freqs = upload_vec(m.w.rope_freqs, n_rot / 2);
+  }
+  size_t free1 = 0;
+  FRINK_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+  FRINK_LOG_INFO("device: {:.2f} GiB of weights resident; device memory used {:.2f} of {:.2f} GiB",
+                 bytes_ / 1073741824.0, (total - free1) / 1073741824.0, total / 1073741824.0);
+}
+
+DeviceWeights::~DeviceWeights() {
+  for (void* p : allocations_) cudaFree(p);
+}
+
+const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
+  if (auto it = uploaded_.find(host); it != uploaded_.end()) return it->second;
+  void* d = nullptr;
+  FRINK_CUDA_CHECK(cudaMalloc(&d, n_bytes));
+  allocations_.push_back(d);
+  FRINK_CUDA_CHECK(cudaMemcpy(d, host, n_bytes, cudaMemcpyHostToDevice));
+  bytes_ += n_bytes;
+  uploaded_[host] = d;
+  return d;
+}
+
+const float* DeviceWeights::upload_vec(const float* host, int64_t n) {
+  return host ? static_cast<const float*>(upload(host, static_cast<size_t>(n) * sizeof(float))) : nullptr;
+}
+
+DeviceLinear DeviceWeights::linear(const Linear& l) {
+  DeviceLinear d;
+  if (!l) return d;
+  d.type = static_cast<int>(l.w->type);
+  d.row_bytes = l.w->row_bytes();
+  d.n_in = l.n_in();
+  d.n_out = l.n_out();
+  d.w = upload(l.w->data, d.row_bytes * static_cast<size_t>(d.n_out));
+  d.b = upload_vec(l.b, d.n_out);
+  d.scale = l.scale;
+  d.bias_before_scale = l.bias_before_scale;
+  return d;
+}
+
+DeviceNorm DeviceWeights::norm(const Norm& n, int64_t len) { return {upload_vec(n.w, len), upload_vec(n.b, len)}; }
+
+}  // namespace frink::cuda

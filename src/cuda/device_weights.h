@@ -1,0 +1,67 @@
+// Device residency: a model's weights uploaded ONCE, each matrix in its GGUF block format
+// (dequantized inside the kernels, never widened on the device), 1-D vectors as f32.
+// Layers the device refuses are not uploaded. Upload progress and the device memory used
+// are logged (info level).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "engine/device_backend.h"
+#include "model/model.h"
+
+namespace frink::cuda {
+
+struct DeviceLinear {
+  int type = 0;                 // ggml type id
+  const void* w = nullptr;      // [n_out] rows of row_bytes
+  size_t row_bytes = 0;
+  int64_t n_in = 0, n_out = 0;
+  const float* b = nullptr;     // [n_out] or null
+  float scale = 1.0f;
+  bool bias_before_scale = false;
+  explicit operator bool() const { return w != nullptr; }
+};
+
+struct DeviceNorm {
+  const float* w = nullptr;     // [n] or null
+  const float* b = nullptr;     // [n] or null
+};
+
+struct DeviceLayer {
+  DeviceNorm attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm;
+  DeviceLinear wq, wk, wv, wqkv, wo, ffn_gate, ffn_up, ffn_down;
+};
+
+// Why layer il (or, for il == n_layer, the output head) cannot run on the device; pure.
+// The ONE predicate: check_layer answers from it and residency uploads by it.
+Refusal device_refusal(const Model& m, int64_t il);
+
+class DeviceWeights {
+ public:
+  explicit DeviceWeights(const Model& m);  // uploads every non-refused layer and the head
+  ~DeviceWeights();
+  DeviceWeights(const DeviceWeights&) = delete;
+  DeviceWeights& operator=(const DeviceWeights&) = delete;
+
+  const DeviceLayer& layer(int64_t il) const { return layers_[static_cast<size_t>(il)]; }
+  DeviceNorm output_norm;
+  DeviceLinear output;
+  const float* rope_freqs = nullptr;
+  size_t bytes() const { return bytes_; }
+
+ private:
+  const void* upload(const void* host, size_t n_bytes);
+  const float* upload_vec(const float* host, int64_t n);
+  DeviceLinear linear(const Linear& l);
+  DeviceNorm norm(const Norm& n, int64_t len);
+
+  std::vector<DeviceLayer> layers_;
+  std::vector<void*> allocations_;
+  std::map<const void*, const void*> uploaded_;  // host data -> device copy (tied weights once)
+  size_t bytes_ = 0;
+};
+
+}  // namespace frink::cuda

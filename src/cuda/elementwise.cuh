@@ -1,0 +1,28 @@
+// Element-wise device ops of a layer: gated activations (SwiGLU/GeGLU), plain activations,
+// residual adds, softcap. Host bodies: cpu::silu_inplace, cpu::gelu_tanh_inplace,
+// cpu::softcap_inplace and the adds in cpu::attention_layer.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace frink::cuda {
+
+struct GluParams {
+  const float* gate = nullptr;  // [n_tok][gate_stride]
+  const float* up = nullptr;    // [n_tok][up_stride], or null: out = act(gate) alone
+  int64_t gate_stride = 0, up_stride = 0;
+  float* out = nullptr;         // [n_tok][n]
+  int64_t n = 0, n_tok = 0;
+  bool gelu = false;            // false: SiLU
+  cudaStream_t stream = nullptr;
+};
+void launch_glu(const GluParams& p);
+
+// y[i] = a[i] + b[i] (+ c[i] when c is set), i < n. y may alias a.
+void launch_add(float* y, const float* a, const float* b, const float* c, int64_t n, cudaStream_t stream);
+// x[i] = cap * tanh(x[i] / cap).
+void launch_softcap(float* x, int64_t n, float cap, cudaStream_t stream);
+
+}  // namespace frink::cuda

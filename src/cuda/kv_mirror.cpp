@@ -1,0 +1,64 @@
+#include "cuda/kv_mirror.h"
+
+#include <bit>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "cuda/cuda_check.h"
+
+namespace frink::cuda {
+
+int64_t mirror_capacity_for(int64_t need, int64_t planned) {
+  if (planned >= need) return planned;
+  return std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(need))));
+}
+
+KvMirror::~KvMirror() {
+  // Errors are not thrown from a destructor; a failed free at exit changes nothing.
+  cudaFree(k_);
+  cudaFree(v_);
+}
+
+uint64_t KvMirror::fingerprint(const KvCache& cache) {
+  if (cache.rows() == 0) return 0;
+  // FNV-1a over the bytes of the last K row.
+  const auto* p = reinterpret_cast<const unsigned char*>(cache.k(cache.rows() - 1));
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < static_cast<size_t>(cache.k_width()) * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+void KvMirror::prepare(const KvCache& cache, int64_t n_new, cudaStream_t stream, bool trust_stale) {
+  FRINK_ASSERT(cache.k_width() == k_width_ && cache.v_width() == v_width_, "mirror of another shape");
+  const int64_t rows = cache.rows(), need = rows + n_new;
+  if (need > capacity_) {
+    const int64_t cap = mirror_capacity_for(need, cache.planned_capacity());
+    FRINK_CUDA_CHECK(cudaStreamSynchronize(stream));  // earlier work may still read the old buffers
+    FRINK_CUDA_CHECK(cudaFree(k_));
+    FRINK_CUDA_CHECK(cudaFree(v_));
+    k_ = v_ = nullptr;
+    FRINK_CUDA_CHECK(cudaMalloc(&k_, static_cast<size_t>(cap * k_width_) * sizeof(float)));
+    FRINK_CUDA_CHECK(cudaMalloc(&v_, static_cast<size_t>(cap * v_width_) * sizeof(float)));
+    capacity_ = cap;
+    if (!trust_stale) seq_len_ = -1;  // the new buffers hold nothing
+  }
+  const bool stale = seq_len_ != rows || epoch_ != cache.epoch() || fingerprint_ != fingerprint(cache);
+  if (stale && !trust_stale && rows > 0) {
+    // Rows are contiguous in the host cache: one copy each for K and V.
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(k_, cache.k(0), static_cast<size_t>(rows * k_width_) * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream));
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(v_, cache.v(0), static_cast<size_t>(rows * v_width_) * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream));
+    ++n_uploads_;
+  }
+  if (stale) caught_up(cache);
+}
+
+void KvMirror::caught_up(const KvCache& cache) {
+  seq_len_ = cache.rows();
+  epoch_ = cache.epoch();
+  fingerprint_ = fingerprint(cache);
+}
+
+}  // namespace frink::cuda

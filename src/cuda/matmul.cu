@@ -1,0 +1,291 @@
+// Matrix products for the device path (see matmul.cuh).
+//
+// Notebook:
+// v1 (this): one warp per weight row, 8 rows per 256-thread block; each lane decodes whole
+//   32-element pieces (dequant32) and dots them with NT activation rows read as float4 from
+//   L1, then a warp-shuffle reduction. Plain types read 8 elements (16 B of f16) per lane
+//   per step. Not yet measured on the H200 at the time of writing.
+#include "cuda/matmul.cuh"
+
+#include <algorithm>
+
+#include "cuda/cuda_check.h"
+#include "cuda/dequant.cuh"
+
+namespace frink::cuda {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+struct Args {
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t n_in, n_out, x_stride, y_stride;
+  const float* x;
+  float* y;
+  const float* bias;
+  float scale;
+  bool bias_before_scale;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float epilogue(const Args& a, int64_t row, float v) {
+  const float b = a.bias ? a.bias[row] : 0.0f;
+  if (a.bias_before_scale) return (v + b) * a.scale;
+  return v * a.scale + b;
+}
+
+template <int T, int NT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= a.n_out) return;
+  const uint8_t* wr = a.w + row * a.row_bytes;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  if constexpr (kIsPlain<T>) {
+    // 8 elements per lane per step while whole 8-groups remain, then a scalar tail.
+    const int64_t n8 = (a.n_in % 8 == 0 && a.x_stride % 4 == 0) ? a.n_in / 8 : 0;
+    for (int64_t g = lane; g < n8; g += 32) {
+      float w[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = plain_at<T>(wr, g * 8 + i);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.x_stride + g * 8);
+        const float4 x0 = xp[0], x1 = xp[1];
+        acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y +
+                  w[6] * x1.z + w[7] * x1.w;
+      }
+    }
+    for (int64_t i = n8 * 8 + lane; i < a.n_in; i += 32) {
+      const float w = plain_at<T>(wr, i);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[t] += w * a.x[t * a.x_stride + i];
+    }
+  } else {
+    const int64_t n_sub = a.n_in / 32;
+    for (int64_t s = lane; s < n_sub; s += 32) {
+      float w[32];
+      dequant32<T>(wr, s, w);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.x_stride + s * 32);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 xv = xp[i];
+          sum += w[4 * i] * xv.x + w[4 * i + 1] * xv.y + w[4 * i + 2] * xv.z + w[4 * i + 3] * xv.w;
+        }
+        acc[t] += sum;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
+  }
+}
+
+// Rows [r0, r0 + n_rows) of W -> f16 [n_rows][n_in].
+template <int T>
+__global__ void dequant_f16_kernel(const uint8_t* w, size_t row_bytes, int64_t n_in, int64_t r0, int64_t n_rows,
+                                   __half* out) {
+  if constexpr (kIsPlain<T>) {
+    const int64_t n = n_rows * n_in;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+      const int64_t r = i / n_in, c = i % n_in;
+      out[i] = __float2half(plain_at<T>(w + (r0 + r) * row_bytes, c));
+    }
+  } else {
+    const int64_t n_sub = n_in / 32, n = n_rows * n_sub;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+      const int64_t r = i / n_sub, s = i % n_sub;
+      float v[32];
+      dequant32<T>(w + (r0 + r) * row_bytes, s, v);
+      __half* o = out + r * n_in + s * 32;
+#pragma unroll
+      for (int k = 0; k < 32; k += 2) *reinterpret_cast<__half2*>(o + k) = __floats2half2_rn(v[k], v[k + 1]);
+    }
+  }
+}
+
+__global__ void to_f16_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, __half* out) {
+  const int64_t n = n_in * n_tok;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = __float2half(x[(i / n_in) * x_stride + i % n_in]);
+}
+
+__global__ void bias_scale_kernel(Args a, int64_t n_tok) {
+  const int64_t n = a.n_out * n_tok;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / a.n_out, r = i % a.n_out;
+    float* y = a.y + t * a.y_stride + r;
+    *y = epilogue(a, r, *y);
+  }
+}
+
+// The host's activation formats (quant/quant.h vec_dot_type), emulated value for value:
+// kQ8Blocks = quantize_q8_0/q8_1 then dequantize (d rounded to f16), kQ8K = quantize_q8_k.
+enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16 };
+
+constexpr ActRound act_round_for(int type) {
+  switch (type) {
+    case kQ4_0: case kQ5_0: case kQ8_0: case kIQ4_NL: case kMXFP4: case kQ4_1: case kQ5_1: return kActQ8Blocks;
+    case kQ2_K: case kQ3_K: case kQ4_K: case kQ5_K: case kQ6_K: case kIQ4_XS: return kActQ8K;
+    case kF16: return kActF16;
+    case kBF16: return kActBF16;
+    default: return kActNone;
+  }
+}
+
+// One thread per block of 32 (Q8 blocks) or 256 (Q8_K) elements, or per element (f16/bf16).
+__global__ void act_round_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, ActRound kind,
+                                 float* out) {
+  const int64_t bs = kind == kActQ8Blocks ? 32 : kind == kActQ8K ? 256 : 1;
+  const int64_t n_blk = n_in / bs;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_blk * n_tok; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / n_blk, b = i % n_blk;
+    const float* xs = x + t * x_stride + b * bs;
+    float* o = out + t * n_in + b * bs;
+    if (kind == kActF16) {
+      o[0] = __half2float(__float2half_rn(xs[0]));
+    } else if (kind == kActBF16) {
+      o[0] = __bfloat162float(__float2bfloat16_rn(xs[0]));
+    } else if (kind == kActQ8Blocks) {
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xs[j]));
+      const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
+      const float dh = __half2float(__float2half_rn(d));
+      for (int j = 0; j < 32; ++j) o[j] = roundf(xs[j] * id) * dh;
+    } else {
+      float amax = 0.0f, mx = 0.0f;
+      for (int j = 0; j < 256; ++j)
+        if (fabsf(xs[j]) > amax) {
+          amax = fabsf(xs[j]);
+          mx = xs[j];
+        }
+      if (amax == 0.0f) {
+        for (int j = 0; j < 256; ++j) o[j] = 0.0f;
+        continue;
+      }
+      const float iscale = -127.f / mx, d = 1 / iscale;
+      for (int j = 0; j < 256; ++j) o[j] = fminf(127.0f, rintf(iscale * xs[j])) * d;
+    }
+  }
+}
+
+int grid_for(int64_t n, int threads) {
+  return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 4));
+}
+
+template <int T>
+void matvec_launch(const MatmulParams& p, const Args& a0) {
+  const dim3 grid(static_cast<unsigned>((p.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  for (int64_t t0 = 0; t0 < p.n_tok;) {
+    Args a = a0;
+    a.x = p.x + t0 * p.x_stride;
+    a.y = p.y + t0 * p.y_stride;
+    const int64_t left = p.n_tok - t0;
+    if (left >= 4) {
+      matvec_kernel<T, 4><<<grid, kWarpsPerBlock * 32, 0, p.stream>>>(a);
+      t0 += 4;
+    } else {
+      matvec_kernel<T, 1><<<grid, kWarpsPerBlock * 32, 0, p.stream>>>(a);
+      t0 += 1;
+    }
+    FRINK_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void blas_check(cublasStatus_t st, const char* file, int line) {
+  if (st != CUBLAS_STATUS_SUCCESS) cuda_failed("cublasGemmEx", cublasGetStatusString(st), file, line);
+}
+
+template <int T>
+void gemm_launch(const MatmulParams& p, const Args& a) {
+  FRINK_CUDA_CHECK(p.blas ? cudaSuccess : cudaErrorInvalidValue);
+  const size_t x_elems = static_cast<size_t>(p.n_in * p.n_tok);
+  FRINK_CUDA_CHECK(p.scratch_elems > x_elems + static_cast<size_t>(p.n_in) ? cudaSuccess : cudaErrorInvalidValue);
+  __half* xh = static_cast<__half*>(p.scratch);
+  __half* wh = xh + x_elems;
+  const int64_t tile_rows = std::max<int64_t>(1, static_cast<int64_t>((p.scratch_elems - x_elems) / p.n_in));
+  to_f16_kernel<<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok, xh);
+  FRINK_CUDA_CHECK_LAUNCH();
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t r0 = 0; r0 < p.n_out; r0 += tile_rows) {
+    const int64_t nr = std::min(tile_rows, p.n_out - r0);
+    const int64_t work = kIsPlain<T> ? nr * p.n_in : nr * (p.n_in / 32);
+    dequant_f16_kernel<T><<<grid_for(work, 256), 256, 0, p.stream>>>(a.w, p.row_bytes, p.n_in, r0, nr, wh);
+    FRINK_CUDA_CHECK_LAUNCH();
+    // Column-major view: W rows are columns of a [n_in x nr] matrix; C = W^T X is [nr x n_tok]
+    // with leading dimension y_stride, i.e. Y[t][r0 + r].
+    blas_check(cublasGemmEx(p.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr), static_cast<int>(p.n_tok),
+                            static_cast<int>(p.n_in), &one, wh, CUDA_R_16F, static_cast<int>(p.n_in), xh, CUDA_R_16F,
+                            static_cast<int>(p.n_in), &zero, p.y + r0, CUDA_R_32F, static_cast<int>(p.y_stride),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               __FILE__, __LINE__);
+  }
+  if (p.bias || p.scale != 1.0f) {
+    bias_scale_kernel<<<grid_for(p.n_out * p.n_tok, 256), 256, 0, p.stream>>>(a, p.n_tok);
+    FRINK_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <int T>
+void dispatch(const MatmulParams& p_in) {
+  MatmulParams p = p_in;
+  if (p.act_round && act_round_for(T) != kActNone) {
+    const ActRound kind = act_round_for(T);
+    const int64_t per = kind == kActQ8Blocks ? 32 : kind == kActQ8K ? 256 : 1;
+    act_round_kernel<<<grid_for(p.n_in / per * p.n_tok, 256), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok,
+                                                                                   kind, p.act_round);
+    FRINK_CUDA_CHECK_LAUNCH();
+    p.x = p.act_round;
+    p.x_stride = p.n_in;
+  }
+  Args a{static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
+         p.x, p.y, p.bias, p.scale, p.bias_before_scale};
+  if (p.n_tok <= kMatvecMaxTok)
+    matvec_launch<T>(p, a);
+  else
+    gemm_launch<T>(p, a);
+}
+
+}  // namespace
+
+bool matmul_supported(int type) {
+#define FRINK_CASE(T) if (type == T) return true;
+  FRINK_FOR_EACH_DEVICE_TYPE(FRINK_CASE)
+#undef FRINK_CASE
+  return false;
+}
+
+size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
+  // x in f16 plus weight tiles of up to 64 Mi elements (128 MiB), at least one row.
+  return static_cast<size_t>(n_in * n_tok) + std::max<size_t>(static_cast<size_t>(n_in), size_t{64} << 20);
+}
+
+void launch_matmul(const MatmulParams& p) {
+  FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out
+                       ? cudaSuccess
+                       : cudaErrorInvalidValue);
+#define FRINK_CASE(T)      \
+  if (p.type == T) {       \
+    dispatch<T>(p);        \
+    return;                \
+  }
+  FRINK_FOR_EACH_DEVICE_TYPE(FRINK_CASE)
+#undef FRINK_CASE
+  FRINK_CUDA_CHECK(cudaErrorInvalidValue);  // no kernel: the caller skipped matmul_supported
+}
+
+}  // namespace frink::cuda

@@ -1,0 +1,49 @@
+// Y = W X for a batch of activation rows, W in its GGUF block format on the device.
+// Decode-sized batches (n_tok <= kMatvecMaxTok) go to the matrix-vector kernels, which read
+// each weight once and dequantize inside the kernel; larger batches dequantize W in row
+// tiles to f16 and call cuBLAS (f16 operands, f32 accumulation).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+namespace frink::cuda {
+
+inline constexpr int64_t kMatvecMaxTok = 8;
+
+struct MatmulParams {
+  int type = 0;                 // ggml type id of W
+  const void* w = nullptr;      // [n_out] rows of row_bytes
+  size_t row_bytes = 0;
+  int64_t n_in = 0, n_out = 0;
+  const float* x = nullptr;     // [n_tok][x_stride], x_stride >= n_in
+  int64_t x_stride = 0;
+  float* y = nullptr;           // [n_tok][y_stride]
+  int64_t y_stride = 0;
+  int64_t n_tok = 0;
+  const float* bias = nullptr;  // [n_out] or null
+  float scale = 1.0f;
+  bool bias_before_scale = false;
+  // cuBLAS path only: handle bound to `stream`, and f16 scratch of scratch_elems elements.
+  cublasHandle_t blas = nullptr;
+  void* scratch = nullptr;
+  size_t scratch_elems = 0;
+  // When set ([n_tok][n_in] floats): x is first rounded to the activation format the HOST
+  // dot product of this weight type uses (Q8_0/Q8_1 blocks for legacy quants, Q8_K for
+  // K-quants and IQ4_XS, f16 for F16, bf16 for BF16; llama.cpp's CPU scheme), so device and
+  // host products differ only in summation order. Null: x is used as it is.
+  float* act_round = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// Whether type id `type` has a device kernel (the same list the dispatch uses).
+bool matmul_supported(int type);
+// f16 scratch elements the cuBLAS path needs for an x batch of n_tok x n_in (weight tiles
+// are sized to what is left, at least one row per tile).
+size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok);
+void launch_matmul(const MatmulParams& p);
+
+}  // namespace frink::cuda

@@ -1,0 +1,26 @@
+// RMSNorm and LayerNorm over rows on the device (the host bodies: cpu::rms_norm,
+// cpu::layer_norm). Also serves QK-norm: rows = n_tok * n_head heads of head_dim.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace frink::cuda {
+
+struct NormParams {
+  const float* x = nullptr;  // [n_rows][x_stride]
+  int64_t x_stride = 0;
+  float* y = nullptr;        // [n_rows][y_stride]; may equal x
+  int64_t y_stride = 0;
+  int64_t n = 0, n_rows = 0;
+  const float* w = nullptr;  // [n] or null
+  const float* b = nullptr;  // [n] or null (LayerNorm only)
+  float eps = 0.0f;
+  bool layer_norm = false;   // false: RMSNorm
+  cudaStream_t stream = nullptr;
+};
+
+void launch_norm(const NormParams& p);
+
+}  // namespace frink::cuda

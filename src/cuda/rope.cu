@@ -1,0 +1,64 @@
+// One thread per rotated pair. The angle is built exactly as the host (and ggml's
+// rope_cache_init) builds it: theta = pos, multiplied by theta_scale once per earlier pair
+// in float, so device and host angles round identically (a direct pow() differs by enough
+// ulps to move sin/cos at positions in the thousands).
+#include "cuda/rope.cuh"
+
+#include <cmath>
+
+#include "cuda/cuda_check.h"
+
+namespace frink::cuda {
+
+namespace {
+
+__device__ float yarn_ramp(float low, float high, int i0) {
+  const float y = (i0 / 2 - low) / fmaxf(0.001f, high - low);
+  return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+}
+
+__global__ void rope_kernel(RopeLaunch p, float theta_scale, float corr0, float corr1) {
+  const int64_t n_pairs = p.n_rot / 2;
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= p.n_tok * p.n_head * n_pairs) return;
+  const int64_t pair = i % n_pairs, h = (i / n_pairs) % p.n_head, t = i / (n_pairs * p.n_head);
+  const int i0 = static_cast<int>(2 * pair);
+  float theta_base = static_cast<float>(p.pos0 + t);
+  for (int64_t k = 0; k < pair; ++k) theta_base *= theta_scale;
+  const float ff = p.freq_factors ? p.freq_factors[pair] : 1.0f;
+  const float theta_extrap = theta_base / ff;
+  const float theta_interp = p.freq_scale * theta_extrap;
+  float theta = theta_interp, mscale = p.attn_factor;
+  if (p.ext_factor != 0.0f) {
+    const float mix = yarn_ramp(corr0, corr1, i0) * p.ext_factor;
+    theta = theta_interp * (1 - mix) + theta_extrap * mix;
+    mscale *= 1.0f + 0.1f * logf(1.0f / p.freq_scale);
+  }
+  const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
+  float* v = p.x + t * p.row_stride + h * p.head_dim;
+  const int64_t a = p.neox ? pair : i0, b = p.neox ? pair + p.n_rot / 2 : i0 + 1;
+  const float x0 = v[a], x1 = v[b];
+  v[a] = x0 * c - x1 * s;
+  v[b] = x0 * s + x1 * c;
+}
+
+float corr_dim(int64_t n_dims, int64_t n_ctx_orig, float n_rot, float base) {
+  return n_dims * std::log(n_ctx_orig / (n_rot * 2 * static_cast<float>(M_PI))) / (2 * std::log(base));
+}
+
+}  // namespace
+
+void launch_rope(const RopeLaunch& p) {
+  const int64_t n = p.n_tok * p.n_head * (p.n_rot / 2);
+  if (n == 0) return;
+  float corr0 = 0, corr1 = 0;
+  if (p.ext_factor != 0.0f) {
+    corr0 = std::fmax(0.0f, std::floor(corr_dim(p.n_rot, p.n_ctx_orig, p.beta_fast, p.freq_base)));
+    corr1 = std::fmin(static_cast<float>(p.n_rot - 1), std::ceil(corr_dim(p.n_rot, p.n_ctx_orig, p.beta_slow, p.freq_base)));
+  }
+  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
+  rope_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, p.stream>>>(p, theta_scale, corr0, corr1);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace frink::cuda

@@ -1,0 +1,27 @@
+// Rotary position embedding on the device (host body: cpu::rope): pairs (kNorm) or neox
+// halves, partial rotary (n_rot < head_dim), frequency factors, YaRN.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace frink::cuda {
+
+struct RopeLaunch {
+  float* x = nullptr;         // [n_tok][row_stride], heads of head_dim from the row start
+  int64_t row_stride = 0;
+  int64_t n_tok = 0, n_head = 0, head_dim = 0;
+  int64_t pos0 = 0;           // token t is at position pos0 + t
+  int64_t n_rot = 0;
+  bool neox = false;
+  float freq_base = 10000.0f, freq_scale = 1.0f;
+  float ext_factor = 0.0f, attn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f;
+  int64_t n_ctx_orig = 0;
+  const float* freq_factors = nullptr;  // [n_rot/2] divisors, or null
+  cudaStream_t stream = nullptr;
+};
+
+void launch_rope(const RopeLaunch& p);
+
+}  // namespace frink::cuda

@@ -1,0 +1,118 @@
+// The contract between the Decoder and a device (DESIGN.md section 2): the device serves
+// whatever it can, whole layers at a time, and REFUSES the rest by answering "no" before it
+// has changed any state; the host body then runs that layer. A refusal is never an error
+// and never a wrong answer, only a slower one. A device FAILURE (a CUDA call that fails,
+// memory that cannot be had) is an error (frink::Error, or an abort with file:line), never
+// a refusal: folding failures into refusals would hide them as silent, uncounted fallbacks.
+//
+// This header is the interface table only (ggml-backend-impl.h's role): it depends on
+// nothing above src/kv and src/model, so a device library (src/cuda) can implement it
+// without pulling the engine in. The Decoder owns the refusal counters.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kv/kv_cache.h"
+
+namespace frink {
+
+// Why a layer (or the output head) did not run on the device. kNone: it ran there.
+enum class Refusal : uint8_t {
+  kNone = 0,
+  kNoDevice,      // --device auto on a machine (or build) without a usable GPU
+  kForcedByTest,  // DeviceHooks::refuse_layer: a test makes one layer take the host path
+  kWindow,        // sliding-window attention
+  kSinks,         // attention sinks
+  kAlibi,         // ALiBi position bias
+  kQuantType,     // a weight's block type has no device kernel
+  kShape,         // a head width or layout the kernels were not written for
+  kRope,          // a RoPE variant the device does not implement
+  kMoe,           // a mixture-of-experts FFN (no device kernels yet)
+  kCount,
+};
+
+constexpr std::string_view refusal_name(Refusal r) {
+  switch (r) {
+    case Refusal::kNone: return "ran";
+    case Refusal::kNoDevice: return "no-device";
+    case Refusal::kForcedByTest: return "forced-by-test";
+    case Refusal::kWindow: return "window";
+    case Refusal::kSinks: return "sinks";
+    case Refusal::kAlibi: return "alibi";
+    case Refusal::kQuantType: return "quant-type";
+    case Refusal::kShape: return "shape";
+    case Refusal::kRope: return "rope";
+    case Refusal::kMoe: return "moe";
+    case Refusal::kCount: break;
+  }
+  return "?";
+}
+
+// Per-reason counts of layer evaluations (one per layer per batch, plus one per output head).
+struct RefusalCounts {
+  std::array<uint64_t, static_cast<size_t>(Refusal::kCount)> n{};
+
+  void add(Refusal r) { ++n[static_cast<size_t>(r)]; }
+  uint64_t operator[](Refusal r) const { return n[static_cast<size_t>(r)]; }
+  uint64_t refused() const {
+    uint64_t s = 0;
+    for (size_t i = 1; i < n.size(); ++i) s += n[i];
+    return s;
+  }
+  // "ran 320, window 64": non-zero entries only; "none" when nothing was counted.
+  std::string summary() const {
+    std::string out;
+    for (size_t i = 0; i < n.size(); ++i) {
+      if (n[i] == 0) continue;
+      if (!out.empty()) out += ", ";
+      out += std::string(refusal_name(static_cast<Refusal>(i))) + " " + std::to_string(n[i]);
+    }
+    return out.empty() ? "none" : out;
+  }
+};
+
+// Test switches. Never set outside tests.
+struct DeviceHooks {
+  int64_t refuse_layer = -1;        // this layer always refuses with kForcedByTest
+  bool trust_stale_mirror = false;  // SABOTAGE: the KV mirror skips its staleness re-upload
+};
+
+// One device as the Decoder sees it. The residual stream of a batch lives on the device
+// between device layers, so consecutive device layers cost no host round trip; the Decoder
+// moves it with upload()/download() only where a refusing layer sits between them.
+//
+// Call order per batch: begin_batch, then per layer check_layer and, on kNone, run_layer;
+// upload/download around host layers; finally output_logits or download. Every method but
+// the check_* ones may throw frink::Error on a device failure.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+
+  virtual std::string describe() const = 0;  // "NVIDIA H200 (sm_90), 4.1 GiB of weights"
+
+  // Could layer `il` run on the device? Decided from the plan and the weights alone, before
+  // any state changes; kNone means run_layer may be called.
+  virtual Refusal check_layer(int64_t il) const = 0;
+  // The same for the final norm + output projection (+ softcap).
+  virtual Refusal check_output() const = 0;
+
+  // Sizes the batch's device buffers for n_tok tokens at positions [pos0, pos0 + n_tok).
+  virtual void begin_batch(int64_t n_tok, int64_t pos0) = 0;
+  // Host residual [n_tok][n_embd] -> device (after embedding, or after a host layer).
+  virtual void upload(const float* x) = 0;
+  // Waits for the device, appends every pending K/V row to its host cache, and copies the
+  // device residual back to x [n_tok][n_embd].
+  virtual void download(float* x) = 0;
+  // Enqueues layer `il` (precondition: check_layer(il) == kNone) against `cache`, the
+  // sequence's host cache for that layer (cache.rows() == pos0). Nothing waits: the new K/V
+  // rows reach the host cache at the next download/output_logits.
+  virtual void run_layer(int64_t il, KvCache& cache) = 0;
+  // Final norm and output projection of the device residual's rows [first, first + n),
+  // into logits [n][n_vocab]; waits, and flushes pending K/V rows like download().
+  virtual void output_logits(int64_t first, int64_t n, float* logits) = 0;
+};
+
+}  // namespace frink

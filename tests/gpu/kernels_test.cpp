@@ -1,0 +1,299 @@
+// Every device kernel against its host body over a case table with odd sizes and tails.
+// Bounds are NMSE against the host (or a double-precision reference where the host body
+// itself rounds differently), each with its reason beside it.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu_support.h"
+
+#ifdef FRINK_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cpu/ops.h"
+#include "cuda/attention.cuh"
+#include "cuda/elementwise.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/norm.cuh"
+#include "cuda/rope.cuh"
+#include "quant/quant.h"
+#include "quant/random_blocks.h"
+
+namespace frink::test {
+namespace {
+
+// A device copy of a host vector, freed at scope end.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+    if (n) EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  explicit Dev(size_t count) : Dev(std::vector<T>(count, T(-1e30f))) {}  // poisoned
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+struct MatCase {
+  int64_t n_in, n_out, n_tok;
+  bool bias;
+};
+
+TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  cublasHandle_t blas;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  const std::vector<MatCase> cases = {{256, 7, 1, false},  {512, 33, 3, true},  {768, 65, 4, false},
+                                      {1024, 17, 5, true}, {256, 130, 9, true}, {512, 77, 33, false},
+                                      {56, 9, 2, false},   {37, 13, 1, true},   {72, 130, 12, false}};
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+                     GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                     GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
+    ASSERT_TRUE(cuda::matmul_supported(static_cast<int>(t))) << ggml_type_name(t);
+    for (const MatCase& c : cases) {
+      if (c.n_in % ggml_type_info(t).block_elems != 0) continue;
+      std::vector<uint8_t> w;
+      std::vector<float> wf(static_cast<size_t>(c.n_in * c.n_out));
+      for (int64_t r = 0; r < c.n_out; ++r) {
+        auto row = random_weight_row(rng, t, c.n_in);
+        dequantize_row(t, row.data(), wf.data() + r * c.n_in, c.n_in);
+        w.insert(w.end(), row.begin(), row.end());
+      }
+      const auto x = random_floats(rng, c.n_in * c.n_tok);
+      const auto b = random_floats(rng, c.n_out);
+      // Reference: the host's exact dequantization, dotted in double.
+      std::vector<float> ref(static_cast<size_t>(c.n_out * c.n_tok));
+      for (int64_t tk = 0; tk < c.n_tok; ++tk)
+        for (int64_t r = 0; r < c.n_out; ++r) {
+          double s = 0;
+          for (int64_t i = 0; i < c.n_in; ++i) s += double(wf[r * c.n_in + i]) * x[tk * c.n_in + i];
+          ref[tk * c.n_out + r] = static_cast<float>(s * 0.5 + (c.bias ? b[r] : 0.0f));
+        }
+      Dev<uint8_t> dw(w);
+      Dev<float> dx(x), db(b), dy(ref.size());
+      Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
+      cuda::MatmulParams p;
+      p.type = static_cast<int>(t);
+      p.w = dw.p;
+      p.row_bytes = ggml_row_bytes(t, c.n_in);
+      p.n_in = c.n_in;
+      p.n_out = c.n_out;
+      p.x = dx.p;
+      p.x_stride = c.n_in;
+      p.y = dy.p;
+      p.y_stride = c.n_out;
+      p.n_tok = c.n_tok;
+      p.bias = c.bias ? db.p : nullptr;
+      p.scale = 0.5f;
+      p.blas = blas;
+      p.scratch = scratch.p;
+      p.scratch_elems = scratch.n;
+      cuda::launch_matmul(p);
+      const auto y = dy.get();
+      const double e = nmse(y.data(), ref.data(), ref.size());
+      // Matrix-vector path: f32 products and sums of exactly the host's dequantized values
+      // (1e-9 leaves room for f32 summation over 1024 terms, ~1e-13). cuBLAS path: both
+      // operands rounded to f16 (2^-11 relative each): ~1e-7 expected, bound 1e-5.
+      const double bound = c.n_tok <= cuda::kMatvecMaxTok ? 1e-9 : 1e-5;
+      EXPECT_LT(e, bound) << ggml_type_name(t) << " n_in " << c.n_in << " n_out " << c.n_out << " n_tok " << c.n_tok;
+    }
+  }
+  cublasDestroy(blas);
+}
+
+TEST(CudaKernels, NormsMatchHost) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  for (int64_t n : {37, 64, 255, 4099})
+    for (bool layer : {false, true})
+      for (int64_t rows : {1, 5}) {
+        const auto x = random_floats(rng, n * rows), w = random_floats(rng, n), b = random_floats(rng, n);
+        std::vector<float> ref(x.size());
+        for (int64_t r = 0; r < rows; ++r) {
+          if (layer)
+            cpu::layer_norm(x.data() + r * n, w.data(), b.data(), ref.data() + r * n, n, 1e-5f);
+          else
+            cpu::rms_norm(x.data() + r * n, w.data(), ref.data() + r * n, n, 1e-5f);
+        }
+        Dev<float> dx(x), dw(w), db(b), dy(x.size());
+        cuda::NormParams p;
+        p.x = dx.p;
+        p.x_stride = n;
+        p.y = dy.p;
+        p.y_stride = n;
+        p.n = n;
+        p.n_rows = rows;
+        p.w = dw.p;
+        p.b = layer ? db.p : nullptr;
+        p.eps = 1e-5f;
+        p.layer_norm = layer;
+        cuda::launch_norm(p);
+        const auto y = dy.get();
+        // f32 sums (host: double) over <= 4099 terms: ~1e-13; bound 1e-10.
+        EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-10) << "n " << n << " layer " << layer;
+      }
+}
+
+TEST(CudaKernels, RopeMatchesHost) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  struct C {
+    RopeKind kind;
+    int64_t head_dim, n_rot, pos0;
+    bool ff, yarn;
+  };
+  for (const C& c : {C{RopeKind::kNorm, 64, 64, 0, false, false}, C{RopeKind::kNeox, 128, 128, 4090, false, false},
+                     C{RopeKind::kNeox, 80, 40, 17, false, false}, C{RopeKind::kNorm, 128, 128, 9000, true, false},
+                     C{RopeKind::kNeox, 64, 64, 300, false, true}}) {
+    const int64_t n_head = 3, n_tok = 4;
+    RopeParams rp;
+    rp.kind = c.kind;
+    rp.n_rot = c.n_rot;
+    rp.freq_base = 500000.0f;
+    if (c.yarn) {
+      rp.ext_factor = 1.0f;
+      rp.freq_scale = 0.25f;
+      rp.n_ctx_orig = 4096;
+    }
+    std::vector<float> ff(static_cast<size_t>(c.n_rot / 2));
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.1f * static_cast<float>(i);
+    auto x = random_floats(rng, n_tok * n_head * c.head_dim);
+    std::vector<float> ref = x;
+    for (int64_t t = 0; t < n_tok; ++t)
+      cpu::rope(rp, c.ff ? ff.data() : nullptr, ref.data() + t * n_head * c.head_dim, n_head, c.head_dim, c.pos0 + t);
+    Dev<float> dx(x), dff(ff);
+    cuda::RopeLaunch p;
+    p.x = dx.p;
+    p.row_stride = n_head * c.head_dim;
+    p.n_tok = n_tok;
+    p.n_head = n_head;
+    p.head_dim = c.head_dim;
+    p.pos0 = c.pos0;
+    p.n_rot = c.n_rot;
+    p.neox = c.kind == RopeKind::kNeox;
+    p.freq_base = rp.freq_base;
+    p.freq_scale = rp.freq_scale;
+    p.ext_factor = rp.ext_factor;
+    p.attn_factor = rp.attn_factor;
+    p.beta_fast = rp.beta_fast;
+    p.beta_slow = rp.beta_slow;
+    p.n_ctx_orig = rp.n_ctx_orig;
+    p.freq_factors = c.ff ? dff.p : nullptr;
+    cuda::launch_rope(p);
+    const auto y = dx.get();
+    // Same angle arithmetic as the host; cosf/sinf differ from glibc by ~1 ulp, times the
+    // angle (up to ~9000 rad) before range reduction: ~1e-12 expected, bound 1e-9.
+    EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-9) << "head_dim " << c.head_dim << " pos0 " << c.pos0;
+  }
+}
+
+TEST(CudaKernels, GluAddSoftcapMatchHost) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (bool gelu : {false, true}) {
+    const int64_t n = 173, n_tok = 3;
+    const auto g = random_floats(rng, n * n_tok, 3.0f), u = random_floats(rng, n * n_tok);
+    std::vector<float> ref = g;
+    if (gelu)
+      cpu::gelu_tanh_inplace(ref.data(), n * n_tok);
+    else
+      cpu::silu_inplace(ref.data(), n * n_tok);
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] *= u[i];
+    Dev<float> dg(g), du(u), dy(ref.size());
+    cuda::GluParams p;
+    p.gate = dg.p;
+    p.up = du.p;
+    p.gate_stride = p.up_stride = n;
+    p.out = dy.p;
+    p.n = n;
+    p.n_tok = n_tok;
+    p.gelu = gelu;
+    cuda::launch_glu(p);
+    const auto y = dy.get();
+    EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-11) << "gelu " << gelu;  // ulp-level expf/tanhf
+  }
+  const auto a = random_floats(rng, 1001, 40.0f);
+  std::vector<float> ref = a;
+  cpu::softcap_inplace(ref.data(), 1001, 30.0f);
+  Dev<float> da(a);
+  cuda::launch_softcap(da.p, 1001, 30.0f, nullptr);
+  const auto y = da.get();
+  EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-11);
+}
+
+// Split-K attention against a double-precision causal softmax: decode and prefill, GQA, head
+// widths that are not multiples of 32, contexts spanning several splits, softcap.
+TEST(CudaKernels, AttentionMatchesReference) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  struct C {
+    int64_t n_tok, pos0, n_head, n_head_kv, hd;
+    float softcap;
+  };
+  for (const C& c : {C{1, 0, 4, 2, 64, 0}, C{1, 700, 8, 2, 128, 0}, C{5, 3, 4, 4, 40, 0}, C{3, 530, 6, 3, 72, 30.0f},
+                     C{1, 2047, 2, 1, 256, 0}, C{17, 0, 4, 1, 64, 50.0f}}) {
+    const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd;
+    const auto q = random_floats(rng, c.n_tok * c.n_head * c.hd), k = random_floats(rng, n_keys * kw),
+               v = random_floats(rng, n_keys * kw);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    std::vector<float> ref(static_cast<size_t>(c.n_tok * c.n_head * c.hd));
+    for (int64_t t = 0; t < c.n_tok; ++t)
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        const int64_t hk = h / (c.n_head / c.n_head_kv), n = c.pos0 + t + 1;
+        std::vector<double> s(static_cast<size_t>(n));
+        double mx = -1e300;
+        for (int64_t j = 0; j < n; ++j) {
+          double d = 0;
+          for (int64_t i = 0; i < c.hd; ++i) d += double(q[(t * c.n_head + h) * c.hd + i]) * k[j * kw + hk * c.hd + i];
+          d *= scale;
+          if (c.softcap > 0) d = c.softcap * std::tanh(d / c.softcap);
+          s[j] = d;
+          mx = std::max(mx, d);
+        }
+        double sum = 0;
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t i = 0; i < c.hd; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j < n; ++j) o += s[j] * v[j * kw + hk * c.hd + i];
+          ref[(t * c.n_head + h) * c.hd + i] = static_cast<float>(o / sum);
+        }
+      }
+    Dev<float> dq(q), dk(k), dv(v), dout(ref.size()),
+        part(cuda::attn_partial_floats(c.n_tok, c.pos0, c.n_head, c.hd));
+    cuda::AttnParams p;
+    p.q = dq.p;
+    p.q_stride = c.n_head * c.hd;
+    p.k = dk.p;
+    p.v = dv.p;
+    p.out = dout.p;
+    p.n_tok = c.n_tok;
+    p.pos0 = c.pos0;
+    p.n_head = c.n_head;
+    p.n_head_kv = c.n_head_kv;
+    p.head_dim_k = p.head_dim_v = c.hd;
+    p.scale = scale;
+    p.softcap = c.softcap;
+    p.partial = part.p;
+    cuda::launch_attention(p);
+    const auto y = dout.get();
+    // f32 online softmax and sums over <= 2048 keys: ~1e-12; bound 1e-9.
+    EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-9) << "n_tok " << c.n_tok << " pos0 " << c.pos0 << " hd " << c.hd;
+  }
+}
+
+}  // namespace
+}  // namespace frink::test
+
+#else
+TEST(CudaKernels, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA (FRINK_CUDA=OFF)"; }
+#endif

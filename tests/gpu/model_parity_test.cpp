@@ -1,0 +1,168 @@
+// Every model the host passes gives the same answer on the device (issue 6): prefill logits
+// for every position and the logits of each greedy decode step within NMSE 1e-4 of the host
+// path, and identical greedy tokens. The host path is the reference (DESIGN.md section 2).
+// Also: forcing any single layer to refuse (the host runs it, the rest stay on the device)
+// changes nothing beyond the same bound.
+//
+// Why 1e-4: the host rounds activations to 8-bit blocks before quantized products (llama.cpp's
+// CPU scheme, about 5e-6 NMSE per product), the device does not, and the device's cuBLAS
+// prefill path rounds both operands to f16 (about 1e-7); a handful of layers compounds these
+// to ~1e-5 at most on the tiny fixtures. A real bug (a wrong row, a stale mirror) is O(1).
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/decoder.h"
+#include "engine/session.h"
+#include "gpu_support.h"
+#include "model/model.h"
+
+namespace frink::test {
+namespace {
+
+struct ModelRun {
+  std::vector<float> prefill, decode;
+  std::vector<int32_t> greedy;
+  RefusalCounts refusals;
+};
+
+int32_t argmax_row(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+// Prompt of n_prompt ids (a fixed pattern inside the vocabulary), batched prefill in chunks of
+// n_batch, then n_steps greedy decode steps.
+ModelRun run_model(const Model& m, DecoderOptions o, int n_prompt, int n_steps) {
+  Decoder dec(m, o);
+  Session s(m, 0);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < n_prompt; ++i) prompt.push_back(static_cast<int32_t>((1 + 7 * i * i + 3 * i) % m.hp.n_vocab));
+  ModelRun r;
+  dec.eval(s, prompt, true, r.prefill);
+  const int64_t V = m.hp.n_vocab;
+  int32_t next = argmax_row(r.prefill.data() + (n_prompt - 1) * V, V);
+  std::vector<float> logits;
+  for (int i = 0; i < n_steps; ++i) {
+    r.greedy.push_back(next);
+    dec.eval(s, {next}, false, logits);
+    r.decode.insert(r.decode.end(), logits.begin(), logits.end());
+    next = argmax_row(logits.data(), V);
+  }
+  r.greedy.push_back(next);
+  r.refusals = dec.refusals();
+  return r;
+}
+
+void expect_same(const ModelRun& dev, const ModelRun& host, const std::string& what) {
+  ASSERT_EQ(dev.prefill.size(), host.prefill.size());
+  const double e_pre = nmse(dev.prefill.data(), host.prefill.data(), host.prefill.size());
+  const double e_dec = nmse(dev.decode.data(), host.decode.data(), host.decode.size());
+  std::printf("[gpu] %-28s prefill nmse %.3g  decode nmse %.3g  refusals: %s\n", what.c_str(), e_pre, e_dec,
+              dev.refusals.summary().c_str());
+  EXPECT_LT(e_pre, 1e-4) << what << " prefill";
+  EXPECT_LT(e_dec, 1e-4) << what << " decode";
+  EXPECT_EQ(dev.greedy, host.greedy) << what;
+}
+
+DecoderOptions opts(DeviceChoice d, int64_t n_batch) {
+  DecoderOptions o;
+  o.n_threads = 4;
+  o.n_batch = n_batch;
+  o.device = d;
+  return o;
+}
+
+class DeviceParity : public ::testing::TestWithParam<const char*> {};
+
+// Prompt of 19 tokens: batches of 19 take the cuBLAS prefill path, batches of 5 the
+// matrix-vector kernels (5 = one 4-token launch and one 1-token launch).
+TEST_P(DeviceParity, PrefillAndDecodeMatchHost) {
+  FRINK_REQUIRE_GPU();
+  const std::string rel = GetParam();
+  FRINK_REQUIRE_GPU_DATA(rel);
+  const auto m = load_model((gpu_testdata() / rel).string());
+  const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 19, 8);
+  for (int64_t nb : {512, 5}) {
+    const ModelRun dev = run_model(*m, opts(DeviceChoice::kCuda, nb), 19, 8);
+    expect_same(dev, host, rel + " b" + std::to_string(nb));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, DeviceParity,
+    ::testing::Values("llamacpp/archs/llama-dense.gguf", "llamacpp/archs/qwen2-dense.gguf",
+                      "llamacpp/archs/qwen3-dense.gguf", "llamacpp/archs/mistral3-dense.gguf",
+                      "llamacpp/archs/phi3-dense.gguf", "llamacpp/archs/gemma2-dense.gguf",
+                      "llamacpp/archs/bloom-dense.gguf", "llamacpp/quant/llama-dense-F16.gguf",
+                      "llamacpp/quant/llama-dense-BF16.gguf", "llamacpp/quant/llama-dense-Q4_0.gguf",
+                      "llamacpp/quant/llama-dense-Q4_1.gguf", "llamacpp/quant/llama-dense-Q5_0.gguf",
+                      "llamacpp/quant/llama-dense-Q5_1.gguf", "llamacpp/quant/llama-dense-Q8_0.gguf",
+                      "llamacpp/quant/llama-dense-Q2_K.gguf", "llamacpp/quant/llama-dense-Q3_K_M.gguf",
+                      "llamacpp/quant/llama-dense-Q4_K_M.gguf", "llamacpp/quant/llama-dense-Q5_K_M.gguf",
+                      "llamacpp/quant/llama-dense-Q6_K.gguf", "llamacpp/quant/llama-dense-IQ4_NL.gguf",
+                      "llamacpp/quant/llama-dense-IQ4_XS.gguf", "llamacpp/quant/qwen3-dense-Q4_K_M.gguf",
+                      "llamacpp/quant/qwen3-dense-Q8_0.gguf", "models/stories260K.gguf"),
+    [](const auto& info) {
+      std::string n = std::filesystem::path(info.param).stem().string();
+      for (auto& c : n)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      return n;
+    });
+
+class HfParity : public ::testing::TestWithParam<const char*> {};
+
+// The transformers fixtures (SafeTensors folders committed under tests/fixtures/hf).
+TEST_P(HfParity, PrefillAndDecodeMatchHost) {
+  FRINK_REQUIRE_GPU();
+  // FRINK_HF_FIXTURES: the folder on a machine where the build's source path does not exist.
+  const char* env = std::getenv("FRINK_HF_FIXTURES");
+  const auto dir = (env ? std::filesystem::path(env) : std::filesystem::path(FRINK_SOURCE_DIR) / "tests" / "fixtures" / "hf") /
+                   GetParam();
+  if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " absent";
+  std::unique_ptr<Model> m;
+  try {
+    m = load_model(dir.string());
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "host cannot load " << GetParam() << " yet: " << e.what();
+  }
+  const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 13, 6);
+  const ModelRun dev = run_model(*m, opts(DeviceChoice::kCuda, 512), 13, 6);
+  expect_same(dev, host, std::string("hf/") + GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Hf, HfParity,
+                         ::testing::Values("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma2",
+                                           "gemma3", "phi3"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+// Forced refusal of any single layer (and of the head) gives the same result via the host.
+TEST(DeviceRefusal, AnySingleForcedLayerMatchesHost) {
+  FRINK_REQUIRE_GPU();
+  for (const char* rel : {"llamacpp/archs/qwen3-dense.gguf", "llamacpp/quant/llama-dense-Q4_K_M.gguf"}) {
+    if (!std::filesystem::exists(gpu_testdata() / rel)) continue;
+    const auto m = load_model((gpu_testdata() / rel).string());
+    const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 11, 4);
+    for (int64_t il = 0; il <= m->hp.n_layer; ++il) {
+      DecoderOptions o = opts(DeviceChoice::kCuda, 512);
+      o.hooks.refuse_layer = il;
+      const ModelRun dev = run_model(*m, o, 11, 4);
+      EXPECT_GT(dev.refusals[Refusal::kForcedByTest], 0u);
+      expect_same(dev, host, std::string(rel) + " refuse " + std::to_string(il));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace frink::test
