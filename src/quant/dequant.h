@@ -16,6 +16,10 @@ using DotFn = float (*)(const void* w, const void* act, int64_t n);
 // out[r] = dot(w + r * w_stride, act) for r in [0, n_rows).
 using DotRowsFn = void (*)(const void* w, size_t w_stride, int64_t n_rows, const void* act,
                            int64_t n, float* out);
+// out[t * out_stride + r] = dot(w + r * w_stride, act + t * act_stride) for r in
+// [0, n_rows), t in [0, n_tok): a block of a matrix product.
+using DotTileFn = void (*)(const void* w, size_t w_stride, int64_t n_rows, const void* act,
+                           size_t act_stride, int64_t n_tok, int64_t n, float* out, size_t out_stride);
 
 // dequant.cpp
 void dequant_f32(const void*, float*, int64_t);

@@ -144,6 +144,19 @@ void vec_dot_rows(GgmlType weight, const void* w_rows, size_t w_stride, int64_t 
   for (int64_t r = 0; r < n_rows; ++r) out[r] = dot(base + r * w_stride, act, n);
 }
 
+void vec_dot_tile(GgmlType weight, const void* w_rows, size_t w_stride, int64_t n_rows, const void* acts,
+                  size_t act_stride, int64_t n_tok, int64_t n, float* out, size_t out_stride) {
+  const QuantTraits& row = traits(weight);
+  FRINK_ASSERT(row.dot_scalar != nullptr, "{} is not a weight type", ggml_type_name(weight));
+  check_row(weight, n);
+  const SimdDot& simd = dispatch().simd[static_cast<size_t>(weight)];
+  if (simd.tile && !g_force_scalar.load(std::memory_order_relaxed))
+    return simd.tile(w_rows, w_stride, n_rows, acts, act_stride, n_tok, n, out, out_stride);
+  const auto* act = static_cast<const char*>(acts);
+  for (int64_t t = 0; t < n_tok; ++t)
+    vec_dot_rows(weight, w_rows, w_stride, n_rows, act + t * act_stride, n, out + t * out_stride);
+}
+
 const char* host_simd_level() { return g_force_scalar.load() ? "scalar" : dispatch().level; }
 
 bool force_scalar_kernels(bool on) { return g_force_scalar.exchange(on); }

@@ -37,6 +37,15 @@ float vec_dot(GgmlType weight, const void* w_row, const void* act, int64_t n);
 void vec_dot_rows(GgmlType weight, const void* w_rows, size_t w_stride, int64_t n_rows,
                   const void* act, int64_t n, float* out);
 
+// out[t * out_stride + r] = vec_dot(weight, w_rows + r*w_stride, acts + t*act_stride, n)
+// for r in [0, n_rows), t in [0, n_tok): an n_rows x n_tok block of a matrix product.
+// SIMD kernels decode each weight block ONCE for several tokens (dot_x86_tile.h). Every
+// element is BIT-IDENTICAL to vec_dot's (same operations in the same order), so a token's
+// result does not depend on which tokens share its tile. Types without a tile kernel run
+// vec_dot_rows per token.
+void vec_dot_tile(GgmlType weight, const void* w_rows, size_t w_stride, int64_t n_rows, const void* acts,
+                  size_t act_stride, int64_t n_tok, int64_t n, float* out, size_t out_stride);
+
 // Which SIMD level the dispatcher picked ("scalar", "avx2", "avx512"), for logs and bench.
 const char* host_simd_level();
 

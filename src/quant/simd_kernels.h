@@ -12,6 +12,7 @@ namespace frink::quant {
 struct SimdDot {
   DotFn dot = nullptr;       // null: this level has no kernel for the type
   DotRowsFn rows = nullptr;  // null: rows are done one dot at a time
+  DotTileFn tile = nullptr;  // null: tokens are done one vec_dot_rows at a time
 };
 
 SimdDot avx2_dot_kernel(GgmlType weight);    // needs AVX2, FMA, F16C
