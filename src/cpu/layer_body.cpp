@@ -93,7 +93,8 @@ void ffn(const Model& m, const LayerPlan& p, const LayerWeights& w, const float*
   linear(w.ffn_down, hidden.data(), n_tok, out, pool);
 }
 
-// The layer's feed-forward block, dense or mixture of experts.
+}  // namespace
+
 void feed_forward(const Model& m, const LayerPlan& p, const LayerWeights& w, const float* h, int64_t n_tok,
                   float* out, ThreadPool& pool) {
   if (p.ffn == FfnKind::kMoe)
@@ -101,8 +102,6 @@ void feed_forward(const Model& m, const LayerPlan& p, const LayerWeights& w, con
   else
     ffn(m, p, w, h, n_tok, out, pool);
 }
-
-}  // namespace
 
 void embed_tokens(const Model& m, const int32_t* tokens, int64_t n_tok, float* x) {
   const Hparams& hp = m.hp;
@@ -133,6 +132,7 @@ void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64
 
   // q, k, v = q_proj(h), k_proj(h), v_proj(h)   (or one fused qkv projection, split)
   Buf q = make(n_tok * q_w), k = make(n_tok * k_w), v = make(n_tok * v_w);
+  Buf gate;  // p.attn_out_gate: [n_tok][n_head * head_dim]
   if (w.wqkv) {
     Buf qkv = make(n_tok * (q_w + k_w + v_w));
     linear(w.wqkv, h.data(), n_tok, qkv.data(), pool);
@@ -142,6 +142,18 @@ void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64
       std::copy(row + q_w, row + q_w + k_w, k.data() + t * k_w);
       std::copy(row + q_w + k_w, row + q_w + k_w + v_w, v.data() + t * v_w);
     }
+  } else if (p.attn_out_gate) {
+    // query_states, gate = torch.chunk(q_proj(h).view(..., head_dim * 2), 2, dim=-1)
+    Buf qg = make(n_tok * 2 * q_w);
+    gate = make(n_tok * q_w);
+    linear(w.wq, h.data(), n_tok, qg.data(), pool);
+    for (int64_t r = 0; r < n_tok * p.n_head; ++r) {
+      const float* row = qg.data() + r * 2 * p.head_dim_k;
+      std::copy(row, row + p.head_dim_k, q.data() + r * p.head_dim_k);
+      std::copy(row + p.head_dim_k, row + 2 * p.head_dim_k, gate.data() + r * p.head_dim_k);
+    }
+    linear(w.wk, h.data(), n_tok, k.data(), pool);
+    linear(w.wv, h.data(), n_tok, v.data(), pool);
   } else {
     linear(w.wq, h.data(), n_tok, q.data(), pool);
     linear(w.wk, h.data(), n_tok, k.data(), pool);
@@ -172,6 +184,9 @@ void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64
   // attn_output = softmax(q k^T * scale + mask) v ; o_proj(attn_output)
   Buf attn = make(n_tok * p.n_head * p.head_dim_v);
   attend(p, cache, q.data(), n_tok, pos0, hp.max_alibi_bias, p.attn_sinks ? w.attn_sinks : nullptr, attn.data(), pool);
+  // attn_output = attn_output * torch.sigmoid(gate)   (Qwen3-Next's gated attention)
+  if (p.attn_out_gate)
+    for (size_t i = 0; i < attn.size(); ++i) attn[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
   Buf o = make(n_tok * E);
   linear(w.wo, attn.data(), n_tok, o.data(), pool);
   if (p.post_attn_norm)

@@ -19,6 +19,11 @@ namespace frink::cpu {
 void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64_t n_tok,
                      int64_t pos0, ThreadPool& pool);
 
+// The layer's feed-forward block, dense or mixture of experts, on normed input
+// h [n_tok][n_embd] -> out [n_tok][n_embd] (the recurrent layer bodies share it).
+void feed_forward(const Model& m, const LayerPlan& p, const LayerWeights& w, const float* h, int64_t n_tok,
+                  float* out, ThreadPool& pool);
+
 // x [n_tok][n_embd] -> embeddings of tokens (scaled/normed as the plan says).
 void embed_tokens(const Model& m, const int32_t* tokens, int64_t n_tok, float* x);
 

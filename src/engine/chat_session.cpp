@@ -50,7 +50,8 @@ ChatSession::Turn ChatSession::reply(const std::string& user_text, const Generat
   size_t keep = 0;
   while (keep < have.size() && keep < ids.size() && have[keep] == ids[keep]) ++keep;
   keep = std::min(keep, ids.size() - 1);
-  session_.truncate(static_cast<int64_t>(keep));
+  // A hybrid model's recurrent state may only go back to a snapshot before `keep`.
+  keep = static_cast<size_t>(session_.truncate(static_cast<int64_t>(keep)));
   turn.reused_tokens = static_cast<int64_t>(keep);
   std::vector<int32_t> rest(ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end());
   turn.stats = generate(dec_, session_, tok_, rest, opts,

@@ -1,11 +1,13 @@
-// Session: one sequence's state. Its KvCache per attention layer (host, authoritative), the
-// tokens it has consumed, and the context size it was planned for.
+// Session: one sequence's state. Its KvCache per attention layer and its RecurrentState for
+// the recurrent layers of a hybrid model (host, authoritative), the tokens it has consumed,
+// and the context size it was planned for.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/recurrent_state.h"
 #include "model/model.h"
 
 namespace frink {
@@ -20,14 +22,21 @@ class Session {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   KvCache& cache(int64_t layer) { return caches_[static_cast<size_t>(layer)]; }
 
-  // Forgets everything after the first n tokens (n <= n_past()).
-  void truncate(int64_t n);
+  RecurrentState& recurrent() { return recurrent_; }
+
+  // Forgets everything after the first n tokens (n <= n_past()) and returns the position the
+  // session is left at. Attention caches cut exactly, so that is n for attention-only models.
+  // A recurrent state cannot be cut: it goes back to its nearest snapshot at or before n, the
+  // session is left THERE (a log line says so when that is before n), and the tokens from the
+  // returned position to n must be run again; rewind_session (engine/rewind.h) does both.
+  int64_t truncate(int64_t n);
   // Records tokens the decoder has just run through every layer.
   void commit(const int32_t* tokens, int64_t n) { tokens_.insert(tokens_.end(), tokens, tokens + n); }
 
  private:
   int64_t n_ctx_;
-  std::vector<KvCache> caches_;
+  std::vector<KvCache> caches_;   // one per layer; a recurrent layer's stays empty
+  RecurrentState recurrent_;
   std::vector<int32_t> tokens_;
 };
 

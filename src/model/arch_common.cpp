@@ -38,7 +38,7 @@ int64_t positive(const Metadata& meta, const std::string& k, int64_t v, int64_t 
 
 }  // namespace
 
-void read_common(const Metadata& meta, Hparams& hp, RopeKind rope) {
+void read_common(const Metadata& meta, Hparams& hp, RopeKind rope, bool allow_headless) {
   constexpr int64_t kMaxDim = int64_t{1} << 24;  // far above any real model; guards overflow
   hp.name = meta.try_string("general.name").value_or("");
   hp.n_embd = positive(meta, key(hp, "embedding_length"), meta.get_int(key(hp, "embedding_length")), kMaxDim);
@@ -86,6 +86,11 @@ void read_common(const Metadata& meta, Hparams& hp, RopeKind rope) {
   hp.layers.assign(static_cast<size_t>(L), LayerPlan{});
   for (int64_t il = 0; il < L; ++il) {
     LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    if (allow_headless && n_head[il] == 0) {
+      p.n_ff = n_ff[il];
+      p.rope = rp;
+      continue;
+    }
     p.n_head = positive(meta, key(hp, "attention.head_count"), n_head[il], 65536);
     p.n_head_kv = positive(meta, key(hp, "attention.head_count_kv"), n_head_kv[il], p.n_head);
     if (p.n_head % p.n_head_kv != 0)

@@ -18,7 +18,9 @@ std::string key(const Hparams& hp, std::string_view suffix);
 // arrays), key/value lengths, feed-forward length, and the rope basics (dimension_count,
 // freq_base, linear/yarn scaling) into hp and hp.layers (resized to n_layer).
 // rope kind and the norm kind/eps are set by the caller.
-void read_common(const Metadata& meta, Hparams& hp, RopeKind rope);
+// allow_headless: a layer whose head_count is 0 gets n_head = n_head_kv = 0 (a recurrent
+// layer of a hybrid whose file marks it that way, granitehybrid).
+void read_common(const Metadata& meta, Hparams& hp, RopeKind rope, bool allow_headless = false);
 
 // Which optional bias and "*.scale" tensors an architecture's graph applies, per group of
 // projections. llama.cpp loads every one a file has but each architecture's graph passes

@@ -56,6 +56,30 @@ struct RopeParams {
   bool yarn_truncate = true;
 };
 
+// What replaces attention in a recurrent layer (hybrid models; src/cpu/recurrent_layer.h).
+enum class RecurrentKind {
+  kNone,           // an attention layer
+  kGatedDeltaNet,  // Qwen3-Next / Qwen3.5 linear attention: conv, L2-normed q/k, gated delta rule
+  kMamba2,         // Mamba-2 SSD layer (granitehybrid)
+};
+
+// A recurrent layer's shapes, read from the ssm.* keys (llama.cpp's ssm_d_conv, ssm_d_inner,
+// ssm_d_state, ssm_dt_rank, ssm_n_group).
+struct SsmPlan {
+  int64_t d_conv = 0;    // causal convolution width; the state keeps the last d_conv - 1 inputs
+  int64_t d_inner = 0;   // value width: n_v_head * head_v_dim (delta net), n_head * head_dim (Mamba-2)
+  int64_t d_state = 0;   // key head width (delta net) or SSM state size per head (Mamba-2)
+  int64_t n_v_head = 0;  // value heads (delta net) or SSM heads (Mamba-2): ssm.time_step_rank
+  int64_t n_group = 0;   // key heads (delta net) or B/C groups (Mamba-2): ssm.group_count
+  // Delta net with n_v_head > n_group: value head h reads key head h % n_group when true
+  // (llama.cpp's qwen35 graphs, whose converter reorders the value heads), else
+  // h / (n_v_head / n_group) (transformers' repeat_interleave, llama.cpp's qwen3next).
+  bool kv_head_tiled = false;
+  // Channels through the convolution: q|k|v (delta net) or x|B|C (Mamba-2), the same sum.
+  int64_t conv_channels() const { return d_inner + 2 * n_group * d_state; }
+  int64_t head_v_dim() const { return n_v_head ? d_inner / n_v_head : 0; }
+};
+
 struct LayerPlan {
   int64_t n_head = 0, n_head_kv = 0;
   int64_t head_dim_k = 0, head_dim_v = 0;
@@ -75,6 +99,12 @@ struct LayerPlan {
   Activation act = Activation::kSilu;
   int64_t n_ff = 0;
   MoePlan moe;                   // when ffn == kMoe
+  // Hybrid models. A recurrent layer has no KV cache (n_head may be 0); its state lives in
+  // the session's RecurrentState.
+  RecurrentKind recurrent = RecurrentKind::kNone;
+  SsmPlan ssm;                   // when recurrent != kNone
+  bool attn_out_gate = false;    // wq is double width, per head [q | gate]; the attention
+                                 // output is multiplied by sigmoid(gate) before wo (Qwen3-Next)
 };
 
 struct Hparams {
@@ -90,6 +120,9 @@ struct Hparams {
   bool embd_norm = false;        // LayerNorm right after the embedding (bloom)
   float final_softcap = 0.0f;    // logits -> c * tanh(logits / c) when > 0
   float max_alibi_bias = 0.0f;
+  // Granite's residual_scale and logit_scale (0 = none); the loader folds both into output
+  // scales of the weights (arch_granite_hybrid.cpp), so the host bodies never read them.
+  float residual_scale = 0.0f, logit_scale = 0.0f;
   std::vector<LayerPlan> layers;
 
   int64_t max_kv_width() const;  // widest n_head_kv * head_dim over layers

@@ -66,6 +66,20 @@ struct LayerWeights {
   Linear ffn_gate_shexp, ffn_up_shexp; // shared expert: n_embd -> n_ff_shexp
   Linear ffn_down_shexp;           // n_ff_shexp -> n_embd
   const float* ffn_gate_inp_shexp = nullptr; // [n_embd]: the shared expert's gate logit row
+
+  // Recurrent layers (plan.recurrent != kNone; src/cpu/recurrent_layer.h). C = conv_channels.
+  Linear ssm_in;                   // Mamba-2: n_embd -> z | xBC | dt (d_inner + C + n_head)
+  Linear ssm_qkv;                  // delta net: n_embd -> q | k | v (C)   (attn_qkv)
+  Linear ssm_z;                    // delta net: n_embd -> z (d_inner)     (attn_gate)
+  Linear ssm_beta, ssm_alpha;      // delta net: n_embd -> n_v_head each (qwen35)
+  Linear ssm_ba;                   // fused alternative: n_embd -> per key head [beta | alpha] (qwen3next)
+  const float* ssm_conv1d = nullptr;   // [C][d_conv]: channel c's taps, oldest input first
+  const float* ssm_conv1d_b = nullptr; // [C] or null
+  const float* ssm_dt_b = nullptr;     // [n_v_head]: dt_bias
+  const float* ssm_a = nullptr;        // [n_v_head]: -exp(A_log), as the converters store it
+  const float* ssm_d = nullptr;        // [n_v_head]: Mamba-2 skip D
+  const float* ssm_norm = nullptr;     // [head_v_dim] (delta net) or [d_inner] (Mamba-2, grouped)
+  Linear ssm_out;                  // d_inner -> n_embd
 };
 
 struct Weights {
