@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "cpu/matmul.h"
+#include "cpu/mla_attention.h"
 #include "cpu/moe.h"
 #include "cpu/ops.h"
 
@@ -103,39 +104,22 @@ void feed_forward(const Model& m, const LayerPlan& p, const LayerWeights& w, con
     ffn(m, p, w, h, n_tok, out, pool);
 }
 
-void embed_tokens(const Model& m, const int32_t* tokens, int64_t n_tok, float* x) {
-  const Hparams& hp = m.hp;
-  for (int64_t t = 0; t < n_tok; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= hp.n_vocab)
-      fail("token id {} is outside the vocabulary of {} tokens", tokens[t], hp.n_vocab);
-    float* row = x + t * hp.n_embd;
-    embedding_row(*m.w.tok_embd, tokens[t], row);
-    if (hp.embd_scale > 0.0f)
-      for (int64_t i = 0; i < hp.n_embd; ++i) row[i] *= hp.embd_scale;
-    if (hp.embd_norm) norm(hp.norm, m.w.embd_norm, row, row, hp.n_embd, hp.norm_eps);
-  }
-}
+namespace {
 
-void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64_t n_tok,
-                     int64_t pos0, ThreadPool& pool) {
+// Grouped-query attention on normed input h [n_tok][n_embd] -> o [n_tok][n_embd] (after wo);
+// appends the tokens' K/V rows to the cache.
+void gqa_attention(const Model& m, const LayerPlan& p, const LayerWeights& w, KvCache& cache, const float* h,
+                   int64_t n_tok, int64_t pos0, float* o, ThreadPool& pool) {
   const Hparams& hp = m.hp;
-  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
-  const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
-  FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
-  const int64_t E = hp.n_embd;
   const int64_t q_w = p.n_head * p.head_dim_k, k_w = p.n_head_kv * p.head_dim_k,
                 v_w = p.n_head_kv * p.head_dim_v;
-
-  // h = self.input_layernorm(x)
-  Buf h = make(n_tok * E);
-  for (int64_t t = 0; t < n_tok; ++t) norm(hp.norm, w.attn_norm, x + t * E, h.data() + t * E, E, hp.norm_eps);
 
   // q, k, v = q_proj(h), k_proj(h), v_proj(h)   (or one fused qkv projection, split)
   Buf q = make(n_tok * q_w), k = make(n_tok * k_w), v = make(n_tok * v_w);
   Buf gate;  // p.attn_out_gate: [n_tok][n_head * head_dim]
   if (w.wqkv) {
     Buf qkv = make(n_tok * (q_w + k_w + v_w));
-    linear(w.wqkv, h.data(), n_tok, qkv.data(), pool);
+    linear(w.wqkv, h, n_tok, qkv.data(), pool);
     for (int64_t t = 0; t < n_tok; ++t) {
       const float* row = qkv.data() + t * (q_w + k_w + v_w);
       std::copy(row, row + q_w, q.data() + t * q_w);
@@ -146,18 +130,18 @@ void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64
     // query_states, gate = torch.chunk(q_proj(h).view(..., head_dim * 2), 2, dim=-1)
     Buf qg = make(n_tok * 2 * q_w);
     gate = make(n_tok * q_w);
-    linear(w.wq, h.data(), n_tok, qg.data(), pool);
+    linear(w.wq, h, n_tok, qg.data(), pool);
     for (int64_t r = 0; r < n_tok * p.n_head; ++r) {
       const float* row = qg.data() + r * 2 * p.head_dim_k;
       std::copy(row, row + p.head_dim_k, q.data() + r * p.head_dim_k);
       std::copy(row + p.head_dim_k, row + 2 * p.head_dim_k, gate.data() + r * p.head_dim_k);
     }
-    linear(w.wk, h.data(), n_tok, k.data(), pool);
-    linear(w.wv, h.data(), n_tok, v.data(), pool);
+    linear(w.wk, h, n_tok, k.data(), pool);
+    linear(w.wv, h, n_tok, v.data(), pool);
   } else {
-    linear(w.wq, h.data(), n_tok, q.data(), pool);
-    linear(w.wk, h.data(), n_tok, k.data(), pool);
-    linear(w.wv, h.data(), n_tok, v.data(), pool);
+    linear(w.wq, h, n_tok, q.data(), pool);
+    linear(w.wk, h, n_tok, k.data(), pool);
+    linear(w.wv, h, n_tok, v.data(), pool);
   }
 
   // q = q_norm(q), k = k_norm(k) per head; then apply_rotary_pos_emb(q, k, cos, sin)
@@ -187,8 +171,42 @@ void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64
   // attn_output = attn_output * torch.sigmoid(gate)   (Qwen3-Next's gated attention)
   if (p.attn_out_gate)
     for (size_t i = 0; i < attn.size(); ++i) attn[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+  linear(w.wo, attn.data(), n_tok, o, pool);
+}
+
+}  // namespace
+
+void embed_tokens(const Model& m, const int32_t* tokens, int64_t n_tok, float* x) {
+  const Hparams& hp = m.hp;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= hp.n_vocab)
+      fail("token id {} is outside the vocabulary of {} tokens", tokens[t], hp.n_vocab);
+    float* row = x + t * hp.n_embd;
+    embedding_row(*m.w.tok_embd, tokens[t], row);
+    if (hp.embd_scale > 0.0f)
+      for (int64_t i = 0; i < hp.n_embd; ++i) row[i] *= hp.embd_scale;
+    if (hp.embd_norm) norm(hp.norm, m.w.embd_norm, row, row, hp.n_embd, hp.norm_eps);
+  }
+}
+
+void attention_layer(const Model& m, int64_t il, KvCache& cache, float* x, int64_t n_tok,
+                     int64_t pos0, ThreadPool& pool) {
+  const Hparams& hp = m.hp;
+  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
+  FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
+  const int64_t E = hp.n_embd;
+
+  // h = self.input_layernorm(x)
+  Buf h = make(n_tok * E);
+  for (int64_t t = 0; t < n_tok; ++t) norm(hp.norm, w.attn_norm, x + t * E, h.data() + t * E, E, hp.norm_eps);
+
+  // attn_output = self.self_attn(h): grouped-query attention, or DeepSeek's latent attention
   Buf o = make(n_tok * E);
-  linear(w.wo, attn.data(), n_tok, o.data(), pool);
+  if (p.attn == AttnKind::kMla)
+    mla_attention(m, il, cache, h.data(), n_tok, pos0, o.data(), pool);
+  else
+    gqa_attention(m, p, w, cache, h.data(), n_tok, pos0, o.data(), pool);
   if (p.post_attn_norm)
     for (int64_t t = 0; t < n_tok; ++t) norm(hp.norm, w.post_attn_norm, o.data() + t * E, o.data() + t * E, E, hp.norm_eps);
 

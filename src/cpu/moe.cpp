@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -142,6 +143,30 @@ void shared_expert(const MoePlan& mp, const LayerWeights& w, const float* h, int
     for (int64_t i = 0; i < n_embd; ++i) out[t * n_embd + i] += y[static_cast<size_t>(t * n_embd + i)] * gate[static_cast<size_t>(t)];
 }
 
+// Group-limited routing (llama.cpp's build_moe_ffn with n_expert_groups > 1, DeepSeek-V3's
+// n_group / topk_group): each group of E / n_group consecutive experts scores the sum of its
+// two best selection scores; the experts of all but the best n_group_used groups (ties to
+// the lower group) get -inf and so are never chosen.
+void mask_groups(const MoePlan& mp, float* sel) {
+  const int64_t per = mp.n_expert / mp.n_group;
+  std::vector<float> gscore(static_cast<size_t>(mp.n_group));
+  for (int64_t g = 0; g < mp.n_group; ++g) {
+    const float* s = sel + g * per;
+    float best = -std::numeric_limits<float>::infinity(), second = best;
+    for (int64_t i = 0; i < per; ++i) {
+      if (s[i] > best) second = best, best = s[i];
+      else if (s[i] > second) second = s[i];
+    }
+    gscore[static_cast<size_t>(g)] = per > 1 ? best + second : best;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(mp.n_group));
+  for (int64_t g = 0; g < mp.n_group; ++g) order[static_cast<size_t>(g)] = g;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return gscore[static_cast<size_t>(a)] > gscore[static_cast<size_t>(b)]; });
+  for (size_t i = static_cast<size_t>(mp.n_group_used); i < order.size(); ++i)
+    std::fill(sel + order[i] * per, sel + (order[i] + 1) * per, -std::numeric_limits<float>::infinity());
+}
+
 }  // namespace
 
 void route_token(const MoePlan& mp, float* logits, const float* bias, int32_t* chosen, float* weights) {
@@ -155,7 +180,10 @@ void route_token(const MoePlan& mp, float* logits, const float* bias, int32_t* c
   // top-k of probs (+ exp_probs_b): best first, ties to the lower index
   std::vector<int32_t> order(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-  auto score = [&](int32_t e) { return bias ? probs[e] + bias[e] : probs[e]; };
+  std::vector<float> sel(static_cast<size_t>(E));  // selection scores: probs (+ exp_probs_b)
+  for (int64_t e = 0; e < E; ++e) sel[static_cast<size_t>(e)] = bias ? probs[e] + bias[e] : probs[e];
+  if (mp.n_group > 1 && mp.n_group_used < mp.n_group) mask_groups(mp, sel.data());
+  auto score = [&](int32_t e) { return sel[static_cast<size_t>(e)]; };
   std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
     const float sa = score(a), sb = score(b);
     return sa > sb || (sa == sb && a < b);

@@ -5,6 +5,7 @@
 //   logits = ffn_gate_inp x (+ bias)                          [n_expert]
 //   probs  = softmax(logits) | sigmoid(logits) | logits        (plan.gating)
 //   chosen = top-k of probs + exp_probs_b                      (the bias ranks, never weighs)
+//            (with n_group > 1: only among the best n_group_used expert groups)
 //   w      = probs[chosen]; softmax over them (kSoftmaxWeight); / max(sum w, 6.1e-5) (norm_w);
 //            * w_scale
 //   y      = sum over k of w_k * (down_e(glu(gate_e x, up_e x)))  in the order chosen

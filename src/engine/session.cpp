@@ -17,7 +17,7 @@ Session::Session(const Model& m, int64_t n_ctx) : n_ctx_(n_ctx) {
       shapes.push_back(cpu::recurrent_state_shape(p));
       continue;
     }
-    caches_.emplace_back(p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v, n_ctx);
+    caches_.emplace_back(p.cache_k_width(), p.cache_v_width(), n_ctx);
     shapes.push_back({});
   }
   recurrent_ = RecurrentState(std::move(shapes));

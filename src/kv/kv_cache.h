@@ -10,6 +10,10 @@
 //
 // Rows are post-RoPE keys and values, exactly what attention reads: row r holds
 // [n_head_kv * head_dim] floats for the token at position r.
+//
+// v_width 0 means there is no separate V row: V is read from the K row (v(r) == k(r)).
+// Multi-head latent attention stores one compressed row per token this way
+// (LayerPlan::cache_k_width / cache_v_width).
 #pragma once
 
 #include <cstdint>
@@ -29,14 +33,15 @@ class KvCache {
   int64_t planned_capacity() const { return planned_capacity_; }
   uint64_t epoch() const { return epoch_; }
 
-  // Appends one token's K and V rows. Throws frink::Error when the planned capacity is full
+  // Appends one token's K and V rows (v_row may be null when v_width is 0). Throws
+  // frink::Error when the planned capacity is full
   // (the context is exhausted), leaving the cache unchanged.
   void append(const float* k_row, const float* v_row);
   // Keeps the first n rows (n <= rows()).
   void truncate(int64_t n);
 
   const float* k(int64_t row) const { return k_.data() + row * k_width_; }
-  const float* v(int64_t row) const { return v_.data() + row * v_width_; }
+  const float* v(int64_t row) const { return v_width_ ? v_.data() + row * v_width_ : k(row); }
 
  private:
   int64_t k_width_, v_width_, planned_capacity_;

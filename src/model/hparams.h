@@ -20,6 +20,19 @@ enum class Activation { kSilu, kGeluTanh };
 // kMoe: a mixture of experts (LayerPlan::moe), possibly with a shared expert.
 enum class FfnKind { kGated, kGatedFused, kPlain, kMoe };
 
+// What computes a layer's attention. kGqa: per-head q/k/v projections, a cache of per-head
+// K and V rows. kMla: DeepSeek-2/3 multi-head latent attention (LayerPlan::mla,
+// src/cpu/mla_attention.h), whose cache holds ONE compressed row per token.
+enum class AttnKind { kGqa, kMla };
+
+// Multi-head latent attention's extra widths. The plan's head_dim_k is the query head
+// (qk_nope + rope.n_rot, llama.cpp's n_embd_head_k_mla), head_dim_v the decompressed value
+// head (n_embd_head_v_mla); n_head_kv is 1 (with absorption MLA is MQA over the latent).
+struct MlaPlan {
+  int64_t q_lora_rank = 0;       // wq_a -> q_a_norm -> wq_b; 0: one plain wq (the "lite" models)
+  int64_t kv_lora_rank = 0;      // width of the compressed kv the cache stores
+};
+
 // How router logits become expert weights (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*).
 enum class ExpertGating {
   kSoftmax,        // softmax over all experts; top-k of those probabilities are the weights
@@ -38,6 +51,10 @@ struct MoePlan {
   float w_scale = 1.0f;          // weights * w_scale (expert_weights_scale; 0 read as 1)
   bool swiglu_oai = false;       // gpt-oss: min(g,7) * sigmoid(1.702 min(g,7)) * (clamp(u,+-7) + 1)
   bool shexp_gate = false;       // shared expert output * sigmoid(ffn_gate_inp_shexp . x) (qwen2moe)
+  // Group-limited routing (DeepSeek-V3, expert_group_count > 1): experts form n_group equal
+  // groups, a group scores the sum of its best two (biased) probabilities, and only the
+  // best n_group_used groups' experts may be chosen. 0 = off.
+  int64_t n_group = 0, n_group_used = 0;
 };
 
 struct RopeParams {
@@ -81,6 +98,8 @@ struct SsmPlan {
 };
 
 struct LayerPlan {
+  AttnKind attn = AttnKind::kGqa;
+  MlaPlan mla;                   // when attn == kMla
   int64_t n_head = 0, n_head_kv = 0;
   int64_t head_dim_k = 0, head_dim_v = 0;
   int64_t window = 0;            // sliding window: a query at p sees keys in (p - window, p];
@@ -99,6 +118,11 @@ struct LayerPlan {
   Activation act = Activation::kSilu;
   int64_t n_ff = 0;
   MoePlan moe;                   // when ffn == kMoe
+  // Floats per token in the layer's KvCache. GQA: per-head K and V rows. MLA: one row
+  // [kv_lora_rank compressed kv | n_rot roped k_pe] and no V row: V is the row's first
+  // kv_lora_rank floats (KvCache's v_width 0).
+  int64_t cache_k_width() const { return attn == AttnKind::kMla ? mla.kv_lora_rank + rope.n_rot : n_head_kv * head_dim_k; }
+  int64_t cache_v_width() const { return attn == AttnKind::kMla ? 0 : n_head_kv * head_dim_v; }
   // Hybrid models. A recurrent layer has no KV cache (n_head may be 0); its state lives in
   // the session's RecurrentState.
   RecurrentKind recurrent = RecurrentKind::kNone;

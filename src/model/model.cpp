@@ -13,6 +13,7 @@ namespace arch {
 extern const ArchDef kLlama, kMistral3, kQwen2, kQwen3, kPhi3, kGemma2, kGemma3, kBloom,
     kStarcoder2, kFalcon;
 extern const ArchDef kQwen2Moe, kQwen3Moe, kOlmoe, kGptOss;  // arch_moe.cpp, arch_gpt_oss.cpp
+extern const ArchDef kDeepseek2;  // arch_deepseek2.cpp
 extern const ArchDef kQwen3Next, kQwen35, kQwen35Moe;  // arch_qwen3next.cpp
 extern const ArchDef kGraniteHybrid;                  // arch_granite_hybrid.cpp
 }  // namespace arch
@@ -23,6 +24,7 @@ const std::vector<const ArchDef*>& registry() {
       &arch::kLlama, &arch::kMistral3, &arch::kQwen2,  &arch::kQwen3,      &arch::kPhi3,
       &arch::kGemma2, &arch::kGemma3,  &arch::kBloom,  &arch::kStarcoder2, &arch::kFalcon,
       &arch::kQwen2Moe, &arch::kQwen3Moe, &arch::kOlmoe, &arch::kGptOss,
+      &arch::kDeepseek2,
       &arch::kQwen3Next, &arch::kQwen35, &arch::kQwen35Moe, &arch::kGraniteHybrid,
   };
   return kArchs;

@@ -22,6 +22,8 @@ const TensorView* WeightLoader::matrix(const std::string& name, std::vector<int6
   }
   std::vector<int64_t> ne = t->ne;
   while (ne.size() > shape.size() && ne.back() == 1) ne.pop_back();
+  // A stack of one ({n_in, n_out, 1}) is stored 2-D by llama.cpp's writer.
+  while (shape.size() > ne.size() && shape.back() == 1) shape.pop_back();
   if (ne != shape)
     fail("{}: tensor '{}' has shape {}, expected {}", file_.path(), name, shape_str(t->ne), shape_str(shape));
   if (!host_supports(t->type))

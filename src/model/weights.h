@@ -57,6 +57,17 @@ struct LayerWeights {
   Norm post_ffn_norm;              // [n_embd]
   const float* attn_sinks = nullptr; // [n_head] (plan.attn_sinks)
 
+  // Multi-head latent attention (plan.attn == kMla; src/cpu/mla_attention.h). attn_norm and
+  // wo as above; wq serves the models without a q LoRA. H = n_head, dk = head_dim_k,
+  // nope = dk - n_rot, R = kv_lora_rank.
+  Linear wq_a;                     // n_embd -> q_lora_rank
+  Norm q_a_norm;                   // [q_lora_rank]
+  Linear wq_b;                     // q_lora_rank -> H * dk, per head [nope | rope]
+  Linear wkv_a_mqa;                // n_embd -> R + n_rot: [compressed kv | k_pe]
+  Norm kv_a_norm;                  // [R]
+  Experts wk_b;                    // per head h: nope -> R ({nope, R, H}), absorbed into q
+  Experts wv_b;                    // per head h: R -> head_dim_v ({R, head_dim_v, H})
+
   // Mixture of experts (plan.ffn == kMoe); ffn_norm is the block's input norm.
   Linear ffn_gate_inp;             // router: n_embd -> n_expert (+ bias, gpt-oss)
   const float* exp_probs_b = nullptr; // [n_expert] selection bias, or null
