@@ -22,6 +22,7 @@ Refusal device_refusal(const Model& m, int64_t il) {
   if (il == m.hp.n_layer) return linear_ok(m.w.output) ? Refusal::kNone : Refusal::kQuantType;
   const LayerPlan& p = m.hp.layers[static_cast<size_t>(il)];
   const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
+  if (p.attn == AttnKind::kMla) return Refusal::kShape;  // latent attention: host only (src/cpu/mla_attention.h)
   if (p.window > 0) return Refusal::kWindow;
   if (p.alibi) return Refusal::kAlibi;
   if (p.attn_sinks) return Refusal::kSinks;
