@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/hf_delta_net.h"
 #include "quant/quant.h"
 
 namespace frink {
@@ -40,6 +41,9 @@ constexpr Family kFamilies[] = {
     {"mixtral", "llama", true, false, false, Family::Experts::kPerExpert},
     {"qwen3_moe", "qwen3moe", false, false, false, Family::Experts::kPerExpert},
     {"gpt_oss", "gpt-oss", false, false, false, Family::Experts::kGptOss},
+    // Gated DeltaNet hybrids (hf_delta_net.cpp): (1 + w) norms like Gemma's.
+    {"qwen3_next", "qwen3next", false, true, false, Family::Experts::kPerExpert},
+    {"qwen3_5_text", "qwen35", false, true, false},
 };
 
 double num(const json& j, const char* k, double fallback) {
@@ -317,6 +321,9 @@ void translate_hf_model(ModelFile& file) {
     }
   }
 
+  const bool delta_net = a == "qwen3next" || a == "qwen35";
+  if (delta_net) hf::set_delta_net_meta(cfg, meta, a);
+
   const json rp = rope_params(cfg, "full_attention");
   const double theta = num(rp, "rope_theta", 10000.0);
   set_f("rope.freq_base", theta);
@@ -371,6 +378,7 @@ void translate_hf_model(ModelFile& file) {
   std::vector<TensorView> out;
   ExpertStacks stacks;
   for (TensorView t : file.tensors()) {
+    if (delta_net && hf::translate_delta_net_tensor(file, cfg, t, out)) continue;
     if (fam->experts == Family::Experts::kPerExpert && collect_expert(t, n_expert, stacks)) continue;
     if (fam->experts == Family::Experts::kGptOss && split_gpt_oss(file, t, out)) continue;
     std::string g = hf_to_gguf_name(*fam, t.name);
