@@ -88,11 +88,15 @@ void delta_rule_chunked(const DeltaRuleSeq& s, float* state, int64_t chunk) {
   const int64_t d = s.d, L = std::max<int64_t>(1, chunk);
   auto buf = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
   std::vector<float> Q = buf(L * d), K = buf(L * d), U = buf(L * d), W = buf(L * d), KDT = buf(d * L);
-  std::vector<float> G = buf(L), B = buf(L), A = buf(L * L), QK = buf(L * L);
+  std::vector<float> B = buf(L), A = buf(L * L), QK = buf(L * L);
+  // The cumulative log decay in double: the chunked form uses differences G_r - G_s of sums
+  // that reach -1e3 with strong decays, where f32 would leave 1e-4 of error in each exponent.
+  std::vector<double> G(static_cast<size_t>(L));
+  auto ex = [](double x) { return std::exp(static_cast<float>(x)); };
   for (int64_t c0 = 0; c0 < s.n; c0 += L) {
     const int64_t n = std::min(L, s.n - c0);
     // Gather the chunk: Q scaled, G the cumulative log decay.
-    float acc = 0.0f;
+    double acc = 0.0;
     for (int64_t r = 0; r < n; ++r) {
       const int64_t t = c0 + r;
       acc += s.g[t * s.gb_stride];
@@ -108,7 +112,7 @@ void delta_rule_chunked(const DeltaRuleSeq& s, float* state, int64_t chunk) {
     // A[r][s] = beta_r (k_r . k_s) exp(G_r - G_s) and QK[r][s] = (q_r . k_s) exp(G_r - G_s).
     for (int64_t r = 0; r < n; ++r)
       for (int64_t c = 0; c <= r; ++c) {
-        const float decay = std::exp(G[r] - G[c]);
+        const float decay = ex(G[r] - G[c]);
         if (c < r) A[r * L + c] = B[r] * dot(&K[r * d], &K[c * d], d) * decay;
         QK[r * L + c] = dot(&Q[r * d], &K[c * d], d) * decay;
       }
@@ -118,7 +122,7 @@ void delta_rule_chunked(const DeltaRuleSeq& s, float* state, int64_t chunk) {
       const float* v = s.v + (c0 + r) * s.v_stride;
       float* u = &U[r * d];
       float* w = &W[r * d];
-      const float bg = B[r] * std::exp(G[r]);
+      const float bg = B[r] * ex(G[r]);
       for (int64_t j = 0; j < d; ++j) {
         u[j] = B[r] * v[j];
         w[j] = bg * K[r * d + j];
@@ -145,7 +149,7 @@ void delta_rule_chunked(const DeltaRuleSeq& s, float* state, int64_t chunk) {
     gemm_acc(Q.data(), d, state, d, s.out + c0 * s.out_stride, s.out_stride, n, d, d);
     for (int64_t r = 0; r < n; ++r) {
       float* o = s.out + (c0 + r) * s.out_stride;
-      const float eg = std::exp(G[r]);
+      const float eg = ex(G[r]);
       for (int64_t j = 0; j < d; ++j) o[j] *= eg;
       for (int64_t c = 0; c <= r; ++c) {
         const float a = QK[r * L + c];
@@ -154,10 +158,11 @@ void delta_rule_chunked(const DeltaRuleSeq& s, float* state, int64_t chunk) {
       }
     }
     // S = exp(G_last) S + (K exp(G_last - G))^T V'
-    const float g_last = G[n - 1], e_last = std::exp(g_last);
+    const double g_last = G[n - 1];
+    const float e_last = ex(g_last);
     for (int64_t i = 0; i < d * d; ++i) state[i] *= e_last;
     for (int64_t r = 0; r < n; ++r) {
-      const float e = std::exp(g_last - G[r]);
+      const float e = ex(g_last - G[r]);
       for (int64_t i = 0; i < d; ++i) KDT[i * L + r] = K[r * d + i] * e;
     }
     gemm_acc(KDT.data(), L, U.data(), d, state, d, d, n, d);
