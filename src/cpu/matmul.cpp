@@ -8,9 +8,14 @@
 namespace frink::cpu {
 
 namespace {
-// Weight rows per tile. 16 rows of a 2048-wide Q4_0 matrix are ~18 KB: the tile and one
-// activation row fit in L1/L2 while every token of a prompt batch passes over it.
+// Decode (one token): weight rows per job. 16 rows of a 2048-wide Q4_0 matrix are ~18 KB.
 constexpr int64_t kRowTile = 16;
+// Prompt (several tokens): a job is a block of kBlockRows weight rows x kBlockTokens
+// tokens done by ONE vec_dot_tile call, which walks register tiles of a few rows across
+// the block's tokens. 64 x 64 at n_in = 2048: 74 KB of Q4_0 rows and 139 KB of Q8_0
+// activations, both stay in the 1 MB L2 while the block is done; jobs are numbered
+// row-block major, so a thread's consecutive jobs reuse the same rows.
+constexpr int64_t kBlockRows = 64, kBlockTokens = 64;
 }  // namespace
 
 void matmul(const TensorView& w, const float* x, int64_t n_tok, float* y, ThreadPool& pool) {
@@ -24,16 +29,24 @@ void matmul(const TensorView& w, const float* x, int64_t n_tok, float* y, Thread
       quantize_row(act_type, x + t * n_in, act.data() + static_cast<size_t>(t) * act_bytes, n_in);
   });
   const size_t w_stride = w.row_bytes();
-  const int64_t n_tiles = (n_out + kRowTile - 1) / kRowTile;
-  pool.parallel_for(n_tiles, [&](int64_t b0, int64_t b1, int) {
-    float tmp[kRowTile];
-    for (int64_t tile = b0; tile < b1; ++tile) {
-      const int64_t r0 = tile * kRowTile;
-      const int64_t nr = std::min(kRowTile, n_out - r0);
-      for (int64_t t = 0; t < n_tok; ++t) {
-        vec_dot_rows(w.type, w.row(r0), w_stride, nr, act.data() + static_cast<size_t>(t) * act_bytes, n_in, tmp);
-        std::copy(tmp, tmp + nr, y + t * n_out + r0);
+  if (n_tok == 1) {
+    const int64_t n_tiles = (n_out + kRowTile - 1) / kRowTile;
+    pool.parallel_for(n_tiles, [&](int64_t b0, int64_t b1, int) {
+      for (int64_t tile = b0; tile < b1; ++tile) {
+        const int64_t r0 = tile * kRowTile;
+        vec_dot_rows(w.type, w.row(r0), w_stride, std::min(kRowTile, n_out - r0), act.data(), n_in, y + r0);
       }
+    });
+    return;
+  }
+  const int64_t n_row_blocks = (n_out + kBlockRows - 1) / kBlockRows;
+  const int64_t n_tok_blocks = (n_tok + kBlockTokens - 1) / kBlockTokens;
+  pool.parallel_for(n_row_blocks * n_tok_blocks, [&](int64_t j0, int64_t j1, int) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t r0 = (j / n_tok_blocks) * kBlockRows, t0 = (j % n_tok_blocks) * kBlockTokens;
+      vec_dot_tile(w.type, w.row(r0), w_stride, std::min(kBlockRows, n_out - r0),
+                   act.data() + static_cast<size_t>(t0) * act_bytes, act_bytes, std::min(kBlockTokens, n_tok - t0),
+                   n_in, y + t0 * n_out + r0, static_cast<size_t>(n_out));
     }
   });
 }

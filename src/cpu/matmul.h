@@ -1,8 +1,10 @@
 // Host matrix products: Y[t] = W X[t] for a batch of token rows, W in any block type.
 // Each input row is converted ONCE to the activation format the weight type's dot product
-// takes (8-bit blocks for quantized weights, as llama.cpp's CPU backend does), then
-// threads split the weight rows; each thread walks a tile of rows across all tokens so a
-// tile stays in cache while every token uses it.
+// takes (8-bit blocks for quantized weights, as llama.cpp's CPU backend does). One token
+// (decode): threads split the weight rows (vec_dot_rows). Several tokens (prompt): threads
+// split blocks of rows x tokens, each done by vec_dot_tile, which decodes a weight block
+// once for several tokens. Both give every element bit-identical to vec_dot, so a token's
+// output does not depend on the batch it came in.
 #pragma once
 
 #include <cstdint>

@@ -12,10 +12,18 @@
 // Integer lanes may be computed differently (VNNI's offset-carrying accumulator below):
 // integer sums are exact, so the lanes are the same numbers.
 //
-// Notebook (bench_quant_dot vec_dot_tile/*, 2048x2048, 64 tokens, 1 thread, AMD EPYC
-// Zen 4 class, machine shared, load ~6):
-//   v1: one-row kernel per token (the old matmul): Q4_0 ~20 GFLOP/s.
-//   v2: these tiles, 4x4 (AVX-512VL, 32 ymm) / 2x4 (AVX2, 16 ymm); see the bench for numbers.
+// Notebook (bench_quant_dot vec_dot_tile/*: 2048x2048 x 64 tokens, 1 thread, GFLOP/s per
+// CPU second; 2-core AMD EPYC with AVX-512 VNNI, shared machine, load ~5.5):
+//   v1 "rows" (vec_dot_rows once per token, the old matmul): Q4_0 55, Q8_0 65, Q4_K 67,
+//      Q5_K 54, Q6_K 52, F16 52.
+//   v2 these tiles (AVX-512: 4x4 Q8_0-act and Q6_K, 2x4 Q4_K/Q5_K and float): Q4_0 95,
+//      Q8_0 102, Q4_K 112, Q5_K 103, Q6_K 114, F16 80. AVX2 tiles (2x4 / 2x2): Q4_0 63,
+//      Q8_0 68, Q4_K 53 (slower than the AVX-512 rows kernel; not tuned), Q6_K 96.
+//   Where v2 stops: no spills in the 4x4 Q4_0 loop (perf annotate), ~1.8 cycles per
+//   (row, token, block) for mov + vpdpbusd + cvt + mulss + broadcast + fma. The per-pair
+//   scale product and 8-lane float accumulator are what bit-identity with vec_dot costs;
+//   llama.cpp's repacked 8-row layouts reduce the int lanes across rows first and pay the
+//   float work once per 8 rows, at the price of a different summation order.
 #pragma once
 
 #include <type_traits>
