@@ -24,6 +24,11 @@
 //   scale product and 8-lane float accumulator are what bit-identity with vec_dot costs;
 //   llama.cpp's repacked 8-row layouts reduce the int lanes across rows first and pay the
 //   float work once per 8 rows, at the price of a different summation order.
+//   v3 (tried, dropped): the RM scale products of a block as ONE 4-lane mulps per token,
+//      stored to the stack and read by the fma as an embedded broadcast ({1to8}). Slower:
+//      Q4_0 86 vs 92, Q8_0 91 vs 94 (AVX-512), Q4_0 36 vs 64 (AVX2), three interleaved
+//      A/B runs at load ~3.4; the store-to-broadcast-load round trip costs more than the
+//      mulss + vbroadcastss it saves.
 #pragma once
 
 #include <type_traits>
