@@ -97,6 +97,75 @@ TEST(DeltaRule, ChunkedEqualsRecurrent) {
   }
 }
 
+// The recurrence in double on the same f32 inputs: the ground truth both forms are held to.
+void delta_rule_f64(const RuleInputs& in, int64_t n, int64_t d, std::vector<double>& out, std::vector<double>& S) {
+  const double q_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  S.assign(in.state.begin(), in.state.end());
+  out.assign(static_cast<size_t>(n * d), 0.0);
+  std::vector<double> sk(static_cast<size_t>(d));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* q = &in.q[t * d];
+    const float* k = &in.k[t * d];
+    const float* v = &in.v[t * d];
+    const double decay = std::exp(static_cast<double>(in.g[t])), beta = in.beta[t];
+    std::fill(sk.begin(), sk.end(), 0.0);
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t j = 0; j < d; ++j) {
+        S[i * d + j] *= decay;
+        sk[j] += k[i] * S[i * d + j];
+      }
+    for (int64_t j = 0; j < d; ++j) {
+      const double delta = beta * (v[j] - sk[j]);
+      for (int64_t i = 0; i < d; ++i) S[i * d + j] += k[i] * delta;
+    }
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t j = 0; j < d; ++j) out[t * d + j] += q[i] * q_scale * S[i * d + j];
+  }
+}
+
+// Both forms against the f64 recurrence on inputs like a qwen3.5-9b synth's first delta-net
+// layer (frink synth --preset qwen3.5-9b --layers 4 --type Q4_0; d 128, 512 tokens): there g
+// spans [-19.9, -0.11] (ssm_a ~ -4), so exp(G) of a 64-token chunk underflows f32, and on that
+// layer's dumped q/k/v/g/beta the worst head's max error relative to its max |o| was 5.7e-7
+// (recurrent) and 4.9e-7 (chunked). Each output is a sum of ~d products of f32 terms (~6e-8
+// rounding each, growing like sqrt(d)); here the worst is 5.4e-7, so 2e-6 leaves a margin and
+// still fails on a real mistake (beta dropped from W: 1.9e-4 with the strong decays, 0.2 with
+// the weak). This is the check the whole-model comparison on a quantized model cannot make:
+// see validated() in bench/hybrid_prefill.cpp.
+TEST(DeltaRule, BothFormsMatchFloat64AtModelRanges) {
+  struct Case {
+    int64_t n, d, chunk;
+    float g_min, g_max;  // g uniform in [g_min, g_max]
+  };
+  const Case cases[] = {{512, 128, 64, -20.0f, -0.1f}, {300, 128, 64, -0.05f, 0.0f}, {200, 128, 16, -20.0f, 0.0f}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(testing::Message() << "n " << c.n << " d " << c.d << " chunk " << c.chunk << " g [" << c.g_min
+                                    << ", " << c.g_max << "]");
+    RuleInputs in = make_inputs(c.n, c.d, static_cast<uint32_t>(c.n + c.chunk));
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> ud(c.g_min, c.g_max);
+    for (auto& g : in.g) g = ud(rng);
+    for (auto& v : in.v) v *= 0.5f;  // post-conv SiLU values
+    std::vector<double> ref, s_ref;
+    delta_rule_f64(in, c.n, c.d, ref, s_ref);
+    double ref_max = 0, s_max = 0;
+    for (double e : ref) ref_max = std::max(ref_max, std::abs(e));
+    for (double e : s_ref) s_max = std::max(s_max, std::abs(e));
+    for (int64_t chunk : {int64_t{0}, c.chunk}) {
+      std::vector<float> out(ref.size()), state = in.state;
+      if (chunk == 0)
+        cpu::delta_rule_recurrent(seq_of(in, c.n, c.d, out.data()), state.data());
+      else
+        cpu::delta_rule_chunked(seq_of(in, c.n, c.d, out.data()), state.data(), chunk);
+      double e_out = 0, e_state = 0;
+      for (size_t i = 0; i < out.size(); ++i) e_out = std::max(e_out, std::abs(out[i] - ref[i]));
+      for (size_t i = 0; i < state.size(); ++i) e_state = std::max(e_state, std::abs(state[i] - s_ref[i]));
+      EXPECT_LT(e_out / ref_max, 2e-6) << "chunk " << chunk;
+      EXPECT_LT(e_state / s_max, 2e-6) << "chunk " << chunk;
+    }
+  }
+}
+
 std::filesystem::path arch_file(const char* name) {
   return shared_testdata() / "llamacpp" / "archs" / (std::string(name) + ".gguf");
 }
