@@ -29,6 +29,8 @@
 //      Q4_0 86 vs 92, Q8_0 91 vs 94 (AVX-512), Q4_0 36 vs 64 (AVX2), three interleaved
 //      A/B runs at load ~3.4; the store-to-broadcast-load round trip costs more than the
 //      mulss + vbroadcastss it saves.
+//   Q4_K/Q5_K tile shape (AVX-512), three interleaved runs: 2x4 Q4_K 114 / Q5_K 101,
+//      2x8 107-112 / 102-103, 3x4 112-114 / 97-98; 2x4 kept.
 #pragma once
 
 #include <type_traits>
