@@ -13,8 +13,21 @@
 // recurrence on the timed inputs (rule_validated()), and the chunked prefill's logits
 // the token-by-token recurrence's (validated()), before anything is timed.
 //
-// Notebook (x86-64 dev box, 2 cores, Release, no -march=native; see the report for figures):
+// Notebook (x86-64 dev box, 2 cores at 2.6 GHz shared with other builds, Release, no
+// -march=native; medians of 3, 1-min load 1.3 at the start, 2.8 at the end, command:
+//   FRINK_BENCH_MODEL=/tmp/q35.gguf build-hx/bench/bench_hybrid_prefill --benchmark_repetitions=3):
 //   v1 chunked: 4-row register-blocked axpy GEMMs over S, forward substitution for (I+A)^-1.
+//      BM_DeltaRule: recurrence 2.45 ms, chunk 16 2.87, 32 3.52, 64 4.61: chunked is SLOWER.
+//      It saves no work: per token it does 3 d^2 (W S, Q S, the state update) + ~2.5 L d
+//      (A, QK, substitution, QK V') multiply-adds against the recurrence's 4 d^2, 35.8M
+//      against 33.5M for 512 tokens at d 128, L 64. Chunking pays on a GPU by turning the
+//      token loop into matmuls, not by doing less; here it could win only by a higher MAC
+//      rate, and 4x the recurrence's 13.7 GMAC/s is above one core's AVX2+FMA peak (16 MAC
+//      per cycle at 2.6 GHz = 42). The same file built -mavx2 -mfma: 2.41 / 4.66 ms
+//      (unchanged), -march=native: 2.12 / 4.36. No *_avx2.cpp variant for that reason.
+//   BM_Prefill (wall): chunk 64 5.76 s, token-by-token rule 5.64 s (the rule is ~2% of a
+//   prefill: 3 layers x 32 heads x 2.5 ms over 2 threads); BM_PrefillTokenByToken 33.2 s
+//   (cv 29%: other jobs), so the batched prompt is 5.8x feeding it token by token.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -165,7 +178,8 @@ void BM_Prefill(benchmark::State& st) {
   }
   st.counters["tok/s"] = benchmark::Counter(kPrompt, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Prefill)->Arg(64)->Arg(0)->Unit(benchmark::kMillisecond)->Iterations(2);
+// Wall time: the thread pool works off the main thread, whose CPU time is about half of it.
+BENCHMARK(BM_Prefill)->Arg(64)->Arg(0)->Unit(benchmark::kMillisecond)->Iterations(2)->UseRealTime();
 
 void BM_PrefillTokenByToken(benchmark::State& st) {
   const Model* m = bench_model();
@@ -179,7 +193,7 @@ void BM_PrefillTokenByToken(benchmark::State& st) {
   }
   st.counters["tok/s"] = benchmark::Counter(kPrompt, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_PrefillTokenByToken)->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_PrefillTokenByToken)->Unit(benchmark::kMillisecond)->Iterations(1)->UseRealTime();
 
 }  // namespace
 
