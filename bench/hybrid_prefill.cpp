@@ -17,7 +17,7 @@
 // -march=native; medians of 3, 1-min load 1.3 at the start, 2.8 at the end, command:
 //   FRINK_BENCH_MODEL=/tmp/q35.gguf build-hx/bench/bench_hybrid_prefill --benchmark_repetitions=3):
 //   v1 chunked: 4-row register-blocked axpy GEMMs over S, forward substitution for (I+A)^-1.
-//      BM_DeltaRule: recurrence 2.45 ms, chunk 16 2.87, 32 3.52, 64 4.61: chunked is SLOWER.
+//      BM_DeltaRule: recurrence 2.45 ms, chunk 64 4.61 (16: 2.87, 32: 3.52 at load 2.5): SLOWER.
 //      It saves no work: per token it does 3 d^2 (W S, Q S, the state update) + ~2.5 L d
 //      (A, QK, substitution, QK V') multiply-adds against the recurrence's 4 d^2, 35.8M
 //      against 33.5M for 512 tokens at d 128, L 64. Chunking pays on a GPU by turning the
