@@ -151,7 +151,7 @@ std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p, const std:
   RefusalCounts before = dec.refusals();
   auto emit = [&](BenchRow r, int64_t n_tokens) {
     finish_row(r, n_tokens, info.weight_bytes_per_token);
-    if (p.device != DeviceChoice::kCpu) {
+    if (dec.on_device()) {  // a host-only run has nothing to refuse; keep its output quiet
       RefusalCounts d = dec.refusals();
       for (size_t i = 0; i < d.n.size(); ++i) d.n[i] -= before.n[i];
       r.refused_layers = static_cast<int64_t>(d.refused());
