@@ -151,6 +151,7 @@ std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p, const std:
   RefusalCounts before = dec.refusals();
   auto emit = [&](BenchRow r, int64_t n_tokens) {
     finish_row(r, n_tokens, info.weight_bytes_per_token);
+    r.backend = info.backend;
     if (dec.on_device()) {  // a host-only run has nothing to refuse; keep its output quiet
       RefusalCounts d = dec.refusals();
       for (size_t i = 0; i < d.n.size(); ++i) d.n[i] -= before.n[i];
@@ -185,7 +186,7 @@ std::string bench_markdown_row(const BenchModelInfo& info, const BenchRow& r) {
   const std::string params = info.n_params >= 1'000'000'000 ? fmt::format("{:.2f} B", double(info.n_params) / 1e9)
                                                             : fmt::format("{:.2f} M", double(info.n_params) / 1e6);
   return fmt::format("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} | {:>8} |\n", info.desc, size,
-                     params, info.backend, info.n_threads, r.test,
+                     params, r.backend, info.n_threads, r.test,
                      fmt::format("{:.2f} ± {:.2f}", r.ts_mean, r.ts_stddev),
                      r.gbps ? fmt::format("{:.2f}", *r.gbps) : std::string("-"));
 }
@@ -205,7 +206,7 @@ nlohmann::ordered_json bench_json(const BenchModelInfo& info, const std::vector<
     j["model_type"] = info.desc;
     j["model_size"] = info.size_bytes;
     j["model_n_params"] = info.n_params;
-    j["backends"] = info.backend;
+    j["backends"] = r.backend;
     j["n_threads"] = info.n_threads;
     j["test"] = r.test;
     j["n_prompt"] = r.n_prompt;

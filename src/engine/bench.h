@@ -45,6 +45,7 @@ struct BenchRow {
   // from the Decoder's refusal counters; empty on the host path.
   std::optional<int64_t> refused_layers;
   std::string refusals;                   // per reason, "ran 4128, window 64"
+  std::string backend = "CPU";            // where the layers ran: "CPU" or "CUDA"
 };
 
 struct BenchModelInfo {
