@@ -60,12 +60,7 @@ TEST_P(Rewind, BatchSplitsDoNotChangeLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, Rewind, ::testing::Values("llama-dense", "gemma2-dense", "bloom-dense"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+                         param_name);
 
 TEST(Context, OverflowIsAnErrorAndLeavesTheSessionIntact) {
   FRINK_REQUIRE_SHARED();

@@ -17,30 +17,13 @@ class DenseArch : public ::testing::TestWithParam<const char*> {};
 // KV cache, both far below 1e-6 in NMSE.
 TEST_P(DenseArch, PrefillDecodeAndGreedyMatchLlamaCpp) {
   FRINK_REQUIRE_SHARED();
-  const auto dir = shared_testdata() / "llamacpp" / "archs";
-  const std::string name = GetParam();
-  LogitsFixture fx = read_fixture(dir / (name + ".json"));
-  LogitsRun run = run_logits((dir / (name + ".gguf")).string(), fx.prompt, static_cast<int>(fx.greedy.size()));
-  ASSERT_EQ(run.n_vocab, fx.n_vocab);
-  ASSERT_EQ(run.prefill.size(), fx.prefill.size());
-  const double e_pre = nmse(run.prefill.data(), fx.prefill.data(), fx.prefill.size());
-  RecordProperty("nmse_prefill", std::to_string(e_pre));
-  if (std::getenv("FRINK_TEST_VERBOSE")) std::printf("%s prefill nmse %.3g\n", name.c_str(), e_pre);
-  EXPECT_LT(e_pre, 1e-6) << "prefill";
-  ASSERT_EQ(run.decode.size(), fx.decode.size());
-  EXPECT_LT(nmse(run.decode.data(), fx.decode.data(), fx.decode.size()), 1e-6) << "decode";
-  EXPECT_EQ(run.greedy, fx.greedy);
+  expect_matches(check_llamacpp_arch(GetParam()), 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, DenseArch,
                          ::testing::Values("llama-dense", "qwen2-dense", "qwen3-dense", "mistral3-dense",
                                            "phi3-dense", "gemma2-dense", "bloom-dense"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+                         param_name);
 
 class QuantFile : public ::testing::TestWithParam<const char*> {};
 
@@ -74,12 +57,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "llama-dense-Q5_0", "llama-dense-Q5_1", "llama-dense-Q8_0", "llama-dense-Q2_K",
                       "llama-dense-Q3_K_M", "llama-dense-Q4_K_M", "llama-dense-Q5_K_M", "llama-dense-Q6_K",
                       "llama-dense-IQ4_NL", "llama-dense-IQ4_XS", "qwen3-dense-Q4_K_M", "qwen3-dense-Q8_0"),
-    [](const auto& info) {
-      std::string n = info.param;
-      for (auto& c : n)
-        if (c == '-') c = '_';
-      return n;
-    });
+    param_name);
 
 }  // namespace
 }  // namespace frink::test

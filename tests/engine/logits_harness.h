@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 namespace frink::test {
 
 struct LogitsRun {
@@ -31,5 +33,21 @@ struct LogitsFixture {
 LogitsFixture read_fixture(const std::filesystem::path& json_path);
 
 int32_t argmax(const float* x, int64_t n);
+
+// A model run against a fixture of the layout above: NMSE of the prefill and decode logits
+// (recorded as test properties, printed with FRINK_TEST_VERBOSE=1) and both greedy lists.
+struct OracleCheck {
+  double prefill = 0, decode = 0;
+  std::vector<int32_t> greedy, expected_greedy;
+};
+// llama.cpp's file ../shared/testdata/llamacpp/archs/NAME.gguf (and .json, .f32).
+OracleCheck check_llamacpp_arch(const std::string& name);
+// transformers' fixture tests/fixtures/hf/NAME (a SafeTensors folder with reference.json).
+OracleCheck check_hf_fixture(const std::string& name);
+// Expects both errors below `bound` and identical greedy tokens.
+void expect_matches(const OracleCheck& c, double bound);
+
+// Test-name suffix for a parameter like "llama-dense" ("llama_dense").
+std::string param_name(const ::testing::TestParamInfo<const char*>& info);
 
 }  // namespace frink::test

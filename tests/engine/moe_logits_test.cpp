@@ -25,39 +25,19 @@
 namespace frink::test {
 namespace {
 
-std::string param_name(const ::testing::TestParamInfo<const char*>& info) {
-  std::string n = info.param;
-  for (auto& c : n)
-    if (c == '-') c = '_';
-  return n;
-}
-
 class MoeArch : public ::testing::TestWithParam<const char*> {};
 
 // f32 weights: the only differences from llama.cpp are summation order and llama.cpp's f16
 // KV cache, both far below 1e-6 in NMSE (the dense archs land near 1e-13).
 TEST_P(MoeArch, PrefillDecodeAndGreedyMatchLlamaCpp) {
   FRINK_REQUIRE_SHARED();
-  const auto dir = shared_testdata() / "llamacpp" / "archs";
-  const std::string name = GetParam();
-  LogitsFixture fx = read_fixture(dir / (name + ".json"));
-  LogitsRun run = run_logits((dir / (name + ".gguf")).string(), fx.prompt, static_cast<int>(fx.greedy.size()));
-  ASSERT_EQ(run.n_vocab, fx.n_vocab);
-  ASSERT_EQ(run.prefill.size(), fx.prefill.size());
-  const double e_pre = nmse(run.prefill.data(), fx.prefill.data(), fx.prefill.size());
-  ASSERT_EQ(run.decode.size(), fx.decode.size());
-  const double e_dec = nmse(run.decode.data(), fx.decode.data(), fx.decode.size());
-  RecordProperty("nmse_prefill", std::to_string(e_pre));
-  RecordProperty("nmse_decode", std::to_string(e_dec));
-  if (std::getenv("FRINK_TEST_VERBOSE")) std::printf("%s nmse prefill %.3g decode %.3g\n", name.c_str(), e_pre, e_dec);
-  EXPECT_LT(e_pre, 1e-6) << "prefill";
-  EXPECT_LT(e_dec, 1e-6) << "decode";
+  const OracleCheck c = check_llamacpp_arch(GetParam());
+  expect_matches(c, 1e-6);
   // The expert branch is small in these files (see the header), so 1e-6 alone would pass a
   // wrong routing. Measured here: <= 9e-13 (x86-64, AVX2, like the dense archs' 1e-13);
   // the smallest sabotage seen, a reversed top-k on olmoe, 5e-10.
-  EXPECT_LT(e_pre, 1e-11) << "prefill, expert-sensitive bound";
-  EXPECT_LT(e_dec, 1e-11) << "decode, expert-sensitive bound";
-  EXPECT_EQ(run.greedy, fx.greedy);
+  EXPECT_LT(c.prefill, 1e-11) << "prefill, expert-sensitive bound";
+  EXPECT_LT(c.decode, 1e-11) << "decode, expert-sensitive bound";
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, MoeArch, ::testing::Values("llama-moe", "qwen3moe-moe", "olmoe-moe", "gpt-oss-moe"),
@@ -67,21 +47,7 @@ class MoeHfModel : public ::testing::TestWithParam<const char*> {};
 
 // Both sides compute in f32 with different summation orders; 1e-5 NMSE allows that and
 // nothing else (a wrong expert, weight or sink is > 1e-3).
-TEST_P(MoeHfModel, PrefillDecodeAndGreedyMatchTransformers) {
-  const auto dir = std::filesystem::path(FRINK_SOURCE_DIR) / "tests" / "fixtures" / "hf" / GetParam();
-  LogitsFixture fx = read_fixture(dir / "reference.json");
-  LogitsRun run = run_logits(dir.string(), fx.prompt, static_cast<int>(fx.greedy.size()));
-  ASSERT_EQ(run.n_vocab, fx.n_vocab);
-  ASSERT_EQ(run.prefill.size(), fx.prefill.size());
-  const double e_pre = nmse(run.prefill.data(), fx.prefill.data(), fx.prefill.size());
-  const double e_dec = nmse(run.decode.data(), fx.decode.data(), fx.decode.size());
-  RecordProperty("nmse_prefill", std::to_string(e_pre));
-  RecordProperty("nmse_decode", std::to_string(e_dec));
-  if (std::getenv("FRINK_TEST_VERBOSE")) std::printf("%s nmse prefill %.3g decode %.3g\n", GetParam(), e_pre, e_dec);
-  EXPECT_LT(e_pre, 1e-5) << "prefill";
-  EXPECT_LT(e_dec, 1e-5) << "decode";
-  EXPECT_EQ(run.greedy, fx.greedy);
-}
+TEST_P(MoeHfModel, PrefillDecodeAndGreedyMatchTransformers) { expect_matches(check_hf_fixture(GetParam()), 1e-5); }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, MoeHfModel, ::testing::Values("qwen3_moe", "gpt_oss", "mixtral"), param_name);
 
