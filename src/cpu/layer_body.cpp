@@ -9,6 +9,7 @@
 #include "cpu/mla_attention.h"
 #include "cpu/moe.h"
 #include "cpu/ops.h"
+#include "quant/quant.h"
 
 namespace frink::cpu {
 
@@ -37,8 +38,9 @@ void attend(const LayerPlan& p, const KvCache& cache, const float* q, int64_t n_
       const float slope = p.alibi ? alibi_slope(h, p.n_head, max_alibi_bias) : 0.0f;
       for (int64_t j = 0; j < n; ++j) {
         const float* kj = cache.k(first + j) + hk * p.head_dim_k;
-        float s = 0.0f;
-        for (int64_t d = 0; d < p.head_dim_k; ++d) s += qh[d] * kj[d];
+        // The SIMD f32 dot of the quant layer: this loop was 20% of a 1B model's prefill
+        // when written as a scalar sum.
+        float s = vec_dot(GgmlType::F32, kj, qh, p.head_dim_k);
         s *= p.attn_scale;
         if (p.attn_softcap > 0.0f) s = p.attn_softcap * std::tanh(s / p.attn_softcap);
         if (p.alibi) s -= slope * static_cast<float>(pos - (first + j));
