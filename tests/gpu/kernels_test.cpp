@@ -111,6 +111,62 @@ TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
   cublasDestroy(blas);
 }
 
+// The dp4a matrix-vector path (Q4_0, Q8_0 with act_round set): x is rounded to Q8_0 blocks
+// exactly as the host does, so the result must equal the host's dequantized weights dotted
+// with the host's Q8_0-rounded activation up to f32 summation order.
+TEST(CudaKernels, MatvecQ8ActivationMatchesHost) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  const std::vector<MatCase> cases = {{256, 7, 1, false}, {512, 33, 3, true}, {768, 65, 4, false},
+                                      {1024, 17, 5, true}, {4096, 40, 8, true}, {64, 3, 1, false}};
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+    for (const MatCase& c : cases) {
+      std::vector<uint8_t> w;
+      std::vector<float> wf(static_cast<size_t>(c.n_in * c.n_out));
+      for (int64_t r = 0; r < c.n_out; ++r) {
+        auto row = random_weight_row(rng, t, c.n_in);
+        dequantize_row(t, row.data(), wf.data() + r * c.n_in, c.n_in);
+        w.insert(w.end(), row.begin(), row.end());
+      }
+      const auto x = random_floats(rng, c.n_in * c.n_tok);
+      const auto b = random_floats(rng, c.n_out);
+      std::vector<float> xr(x.size());
+      std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, c.n_in)));
+      for (int64_t tk = 0; tk < c.n_tok; ++tk) {
+        quantize_row(GgmlType::Q8_0, x.data() + tk * c.n_in, q.data(), c.n_in);
+        dequantize_row(GgmlType::Q8_0, q.data(), xr.data() + tk * c.n_in, c.n_in);
+      }
+      std::vector<float> ref(static_cast<size_t>(c.n_out * c.n_tok));
+      for (int64_t tk = 0; tk < c.n_tok; ++tk)
+        for (int64_t r = 0; r < c.n_out; ++r) {
+          double s = 0;
+          for (int64_t i = 0; i < c.n_in; ++i) s += double(wf[r * c.n_in + i]) * xr[tk * c.n_in + i];
+          ref[tk * c.n_out + r] = static_cast<float>(s * 0.5 + (c.bias ? b[r] : 0.0f));
+        }
+      Dev<uint8_t> dw(w);
+      Dev<float> dx(x), db(b), dy(ref.size()), dact(x.size());
+      cuda::MatmulParams p;
+      p.type = static_cast<int>(t);
+      p.w = dw.p;
+      p.row_bytes = ggml_row_bytes(t, c.n_in);
+      p.n_in = c.n_in;
+      p.n_out = c.n_out;
+      p.x = dx.p;
+      p.x_stride = c.n_in;
+      p.y = dy.p;
+      p.y_stride = c.n_out;
+      p.n_tok = c.n_tok;
+      p.bias = c.bias ? db.p : nullptr;
+      p.scale = 0.5f;
+      p.act_round = dact.p;
+      cuda::launch_matmul(p);
+      const auto y = dy.get();
+      const double e = nmse(y.data(), ref.data(), ref.size());
+      EXPECT_LT(e, 1e-9) << ggml_type_name(t) << " n_in " << c.n_in << " n_out " << c.n_out << " n_tok " << c.n_tok;
+    }
+  }
+}
+
 TEST(CudaKernels, NormsMatchHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(3);
