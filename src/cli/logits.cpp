@@ -8,6 +8,7 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "engine/decoder.h"
+#include "engine/sampler.h"
 
 namespace frink::cli {
 
@@ -39,13 +40,6 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return static_cast<int32_t>(best);
-}
-
 int run(const LogitsArgs& a) {
   std::vector<int32_t> ids = parse_ids(a.tokens);
   auto m = load_model_for(a.model);
@@ -62,13 +56,13 @@ int run(const LogitsArgs& a) {
   if (a.greedy > 0) {
     const int64_t V = m->hp.n_vocab;
     std::vector<int32_t> out;
-    int32_t next = argmax(logits.data() + (ids.size() - 1) * V, V);
+    int32_t next = greedy_token(logits.data() + (ids.size() - 1) * V, V);
     std::vector<float> step;
     for (int i = 0; i < a.greedy; ++i) {
       out.push_back(next);
       if (i + 1 == a.greedy) break;
       dec.eval(s, {next}, false, step);
-      next = argmax(step.data(), V);
+      next = greedy_token(step.data(), V);
     }
     std::printf("{\"greedy\": [");
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? ", " : "", out[i]);

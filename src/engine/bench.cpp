@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/decoder.h"
+#include "engine/sampler.h"
 #include "engine/session.h"
 
 namespace frink {
@@ -26,10 +27,6 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t n_vo
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = d(rng);
   return t;
-}
-
-int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
 // llama_model_ftype_name for the file types llama.cpp writes.
@@ -110,7 +107,7 @@ BenchRow bench_tg(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < n; ++i) {
       dec.eval(s, {tok}, false, logits);
-      tok = argmax(logits);
+      tok = greedy_token(logits.data(), static_cast<int64_t>(logits.size()));
     }
     if (rep >= 0) r.samples_s.push_back(seconds_since(t0));
   }

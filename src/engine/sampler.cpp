@@ -151,4 +151,8 @@ int32_t Sampler::sample(const float* logits) {
   return draw(cands_);
 }
 
+int32_t greedy_token(const float* logits, int64_t n) {
+  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
+}
+
 }  // namespace frink

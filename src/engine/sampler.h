@@ -53,6 +53,10 @@ size_t argmax(const std::vector<TokenLogit>& cands);
 
 }  // namespace sampling
 
+// Greedy decoding: the index of the largest of n logits, the lowest id on ties (what
+// Sampler::sample returns at temp <= 0 without penalties).
+int32_t greedy_token(const float* logits, int64_t n);
+
 class Sampler {
  public:
   // n_vocab: the length of every logits row passed to sample().

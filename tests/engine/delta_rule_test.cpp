@@ -11,6 +11,7 @@
 #include "engine/decoder.h"
 #include "engine/logits_harness.h"
 #include "engine/rewind.h"
+#include "engine/sampler.h"
 #include "support/test_support.h"
 
 namespace frink::test {
@@ -204,7 +205,7 @@ std::vector<float> decode_steps(Decoder& dec, Session& s, int32_t first, int ste
   for (int i = 0; i < steps; ++i) {
     dec.eval(s, {next}, false, step);
     all.insert(all.end(), step.begin(), step.end());
-    next = argmax(step.data(), static_cast<int64_t>(step.size()));
+    next = greedy_token(step.data(), static_cast<int64_t>(step.size()));
   }
   return all;
 }

@@ -6,16 +6,10 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/decoder.h"
+#include "engine/sampler.h"
 #include "support/test_support.h"
 
 namespace frink::test {
-
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return static_cast<int32_t>(best);
-}
 
 LogitsRun run_logits(const std::string& model_path, const std::vector<int32_t>& prompt, int n_steps,
                      int64_t n_batch) {
@@ -27,13 +21,13 @@ LogitsRun run_logits(const std::string& model_path, const std::vector<int32_t>& 
   LogitsRun r;
   r.n_vocab = model->hp.n_vocab;
   dec.eval(s, prompt, true, r.prefill);
-  int32_t next = argmax(r.prefill.data() + (prompt.size() - 1) * r.n_vocab, r.n_vocab);
+  int32_t next = greedy_token(r.prefill.data() + (prompt.size() - 1) * r.n_vocab, r.n_vocab);
   std::vector<float> step;
   for (int i = 0; i < n_steps; ++i) {
     r.greedy.push_back(next);
     dec.eval(s, {next}, false, step);
     r.decode.insert(r.decode.end(), step.begin(), step.end());
-    next = argmax(step.data(), r.n_vocab);
+    next = greedy_token(step.data(), r.n_vocab);
   }
   return r;
 }

@@ -32,7 +32,6 @@ struct LogitsFixture {
 };
 LogitsFixture read_fixture(const std::filesystem::path& json_path);
 
-int32_t argmax(const float* x, int64_t n);
 
 // A model run against a fixture of the layout above: NMSE of the prefill and decode logits
 // (recorded as test properties, printed with FRINK_TEST_VERBOSE=1) and both greedy lists.

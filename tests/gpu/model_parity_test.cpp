@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/decoder.h"
+#include "engine/sampler.h"
 #include "engine/session.h"
 #include "gpu_support.h"
 #include "model/model.h"
@@ -30,13 +31,6 @@ struct ModelRun {
   RefusalCounts refusals;
 };
 
-int32_t argmax_row(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return static_cast<int32_t>(best);
-}
-
 // Prompt of n_prompt ids (a fixed pattern inside the vocabulary), batched prefill in chunks of
 // n_batch, then n_steps greedy decode steps.
 ModelRun run_model(const Model& m, DecoderOptions o, int n_prompt, int n_steps) {
@@ -47,13 +41,13 @@ ModelRun run_model(const Model& m, DecoderOptions o, int n_prompt, int n_steps) 
   ModelRun r;
   dec.eval(s, prompt, true, r.prefill);
   const int64_t V = m.hp.n_vocab;
-  int32_t next = argmax_row(r.prefill.data() + (n_prompt - 1) * V, V);
+  int32_t next = greedy_token(r.prefill.data() + (n_prompt - 1) * V, V);
   std::vector<float> logits;
   for (int i = 0; i < n_steps; ++i) {
     r.greedy.push_back(next);
     dec.eval(s, {next}, false, logits);
     r.decode.insert(r.decode.end(), logits.begin(), logits.end());
-    next = argmax_row(logits.data(), V);
+    next = greedy_token(logits.data(), V);
   }
   r.greedy.push_back(next);
   r.refusals = dec.refusals();
