@@ -53,6 +53,24 @@ void conv_state_at(const float* old_state, const float* raw, int64_t K, int64_t 
   }
 }
 
+// After the scan reached end_pos, keeps this layer's snapshot there when the state wants one.
+// The conv ran over the whole batch first, so for a snapshot inside the batch the conv state
+// at end_pos is rebuilt from the kept inputs (old_conv, raw) for the save, then the live one
+// is put back.
+void save_segment_snapshot(RecurrentState& st, int64_t il, int64_t pos0, int64_t n, int64_t end_pos, bool split,
+                           const std::vector<float>& old_conv, const std::vector<float>& raw, int64_t K, int64_t C) {
+  if (end_pos == pos0 + n && !st.wants_snapshot(end_pos, pos0, pos0 + n)) return;
+  if (!split) {
+    st.save_layer(end_pos, il);
+    return;
+  }
+  float* conv_state = st.conv(il);
+  const std::vector<float> live(conv_state, conv_state + (K - 1) * C);
+  conv_state_at(old_conv.data(), raw.data(), K, C, end_pos - pos0, conv_state);
+  st.save_layer(end_pos, il);
+  std::copy(live.begin(), live.end(), conv_state);
+}
+
 // Positions in (pos0, pos0 + n] after which the state keeps a snapshot, always ending with
 // pos0 + n: the batch is processed in the segments between them.
 std::vector<int64_t> segment_ends(const RecurrentState& st, int64_t pos0, int64_t n) {
@@ -160,16 +178,7 @@ void delta_net_layer(const Model& m, int64_t il, RecurrentState& st, float* x, i
           delta_rule_recurrent(seq, S + hv * d * d);
       }
     });
-    if (end_pos != pos0 + n || st.wants_snapshot(end_pos, pos0, pos0 + n)) {
-      if (ends.size() > 1) {
-        Buf live(conv_state, conv_state + (K - 1) * C);
-        conv_state_at(old_conv.data(), raw.data(), K, C, e, conv_state);
-        st.save_layer(end_pos, il);
-        std::copy(live.begin(), live.end(), conv_state);
-      } else {
-        st.save_layer(end_pos, il);
-      }
-    }
+    save_segment_snapshot(st, il, pos0, n, end_pos, ends.size() > 1, old_conv, raw, K, C);
     begin = e;
   }
 
@@ -240,16 +249,7 @@ void mamba2_layer(const Model& m, int64_t il, RecurrentState& st, float* x, int6
         }
       }
     });
-    if (end_pos != pos0 + n || st.wants_snapshot(end_pos, pos0, pos0 + n)) {
-      if (ends.size() > 1) {
-        Buf live(conv_state, conv_state + (K - 1) * C);
-        conv_state_at(old_conv.data(), raw.data(), K, C, e, conv_state);
-        st.save_layer(end_pos, il);
-        std::copy(live.begin(), live.end(), conv_state);
-      } else {
-        st.save_layer(end_pos, il);
-      }
-    }
+    save_segment_snapshot(st, il, pos0, n, end_pos, ends.size() > 1, old_conv, raw, K, C);
     begin = e;
   }
 
