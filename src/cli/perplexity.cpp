@@ -3,15 +3,14 @@
 // (src/engine/perplexity.h): running "[1]12.34,[2]..." per window, then the final line. With
 // --kl the tokens come from the base file and -f may be left out.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/read_file.h"
 #include "engine/perplexity.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -19,14 +18,6 @@
 namespace frink::cli {
 
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 }  // namespace
 
@@ -50,7 +41,7 @@ Runner add_perplexity(CLI::App& app) {
     const auto model = load_model(opt->model);
     const auto tok = Tokenizer::from_gguf(model->file->metadata());
     std::vector<int32_t> tokens;
-    if (!opt->file.empty()) tokens = perplexity_tokens(*tok, read_text(opt->file));
+    if (!opt->file.empty()) tokens = perplexity_tokens(*tok, read_file(opt->file));
     const int32_t bos = tok->add_bos() ? tok->bos() : -1;
     if (opt->p.kl_in.empty())
       std::fprintf(stderr, "perplexity: %zu tokens, windows of %lld, scoring the second half of each\n",

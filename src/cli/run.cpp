@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "core/read_file.h"
 #include "engine/generate.h"
 
 namespace frink::cli {
@@ -26,15 +27,7 @@ int run(const RunArgs& a) {
   auto m = load_model_for(a.model);
   auto tok = Tokenizer::from_gguf(m->file->metadata());
   std::string prompt = a.prompt;
-  if (!a.prompt_file.empty()) {
-    std::FILE* f = std::fopen(a.prompt_file.c_str(), "rb");
-    if (!f) fail("cannot open prompt file {}", a.prompt_file);
-    char buf[65536];
-    size_t n;
-    prompt.clear();
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, n);
-    std::fclose(f);
-  }
+  if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
   std::vector<int32_t> ids = tok->encode(prompt, !a.no_bos, true);
   if (ids.empty()) fail("the prompt is empty; pass -p TEXT");
   Decoder dec(*m, decoder_options(a.model));

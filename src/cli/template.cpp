@@ -8,9 +8,7 @@
 // error.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +17,7 @@
 #include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/read_file.h"
 #include "engine/model_template.h"
 #include "format/model_file.h"
 
@@ -35,14 +34,6 @@ struct TemplateArgs {
   bool add_generation_prompt = false;
   std::vector<std::string> vars;  // KEY=JSON
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 ojson read_json(const std::string& path) {
   ojson j = ojson::parse(read_file(path), nullptr, false);

@@ -4,15 +4,14 @@
 // from the tokenizer.json beside it.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/read_file.h"
 #include "format/model_file.h"
 #include "tokenizer/tokenizer.h"
 
@@ -25,14 +24,6 @@ struct TokenizeArgs {
   bool has_prompt = false, has_file = false;  // -p "" is a valid (empty) text
   bool ids_only = false, no_bos = false, no_parse_special = false;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   const auto mf = ModelFile::open(path);

@@ -1,25 +1,16 @@
 #include "engine/model_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "chat/jinja_value.h"
 #include "core/error.h"
+#include "core/read_file.h"
 
 namespace frink {
 
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // tokenizer_config.json spells a special token as "text" or {"content": "text", ...}.
 std::string token_text(const ojson& j) {

@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "format/name_util.h"
 
 namespace frink::safetensors {
@@ -85,19 +84,11 @@ Entry read_entry(const std::string& tensor, const Json& j, const std::string& na
   return e;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail("cannot open {}", p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 void load_config(const fs::path& dir, ModelFile& out) {
   out.hf_dir_ = dir.string();
   fs::path cfg = dir / "config.json";
   std::error_code ec;
-  if (fs::is_regular_file(cfg, ec)) out.hf_config_json_ = read_text(cfg);
+  if (fs::is_regular_file(cfg, ec)) out.hf_config_json_ = read_file(cfg);
 }
 
 void open_file(const std::string& path, ModelFile& out, std::unordered_set<std::string>& seen) {
@@ -111,7 +102,7 @@ void open_file(const std::string& path, ModelFile& out, std::unordered_set<std::
 }
 
 void open_index(const std::string& index_path, ModelFile& out) {
-  std::string text = read_text(index_path);
+  std::string text = read_file(index_path);
   Json j = parse_json(text.data(), text.data() + text.size(), index_path);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     fail("{}: no weight_map object", index_path);

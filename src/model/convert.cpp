@@ -3,16 +3,15 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <regex>
-#include <sstream>
 #include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "format/gguf_writer.h"
 #include "model/model.h"
 #include "quant/quant.h"
@@ -26,14 +25,6 @@ namespace fs = std::filesystem;
 
 // llama.cpp's llama_token_type (gguf.TokenType).
 constexpr int32_t kTokNormal = 1, kTokControl = 3, kTokUserDefined = 4, kTokUnused = 5;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail("cannot open '{}'", p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 json parse_json(const std::string& text, const fs::path& p) {
   try {
