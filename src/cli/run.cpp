@@ -1,6 +1,5 @@
 // frink run: complete a prompt, streaming the text to stdout as it is produced. Logs and
 // the timing summary go to stderr, so stdout is exactly the generated text.
-#include <csignal>
 #include <cstdio>
 
 #include "cli/commands.h"
