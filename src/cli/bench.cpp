@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "engine/bench.h"
 #include "model/model.h"
@@ -32,12 +33,10 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("-r,--repetitions", opt->p.reps, "timed runs per test")->capture_default_str();
   cmd->add_option("-t,--threads", opt->p.n_threads, "threads (0: one per core)");
   cmd->add_option("-b,--batch-size", opt->p.n_batch, "prompt tokens per layer pass")->capture_default_str();
-  cmd->add_option("--device", opt->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  add_device_option(*cmd, opt->device);
   cmd->add_option("-o,--output", opt->output, "md or json")->check(CLI::IsMember({"md", "json"}));
   return [opt]() {
-    opt->p.device = opt->device == "cuda" ? DeviceChoice::kCuda
-                    : opt->device == "auto" ? DeviceChoice::kAuto
-                                            : DeviceChoice::kCpu;
+    opt->p.device = device_choice(opt->device);
     const auto model = load_model(opt->model);
     const BenchModelInfo info = bench_model_info(*model, opt->p.n_threads);
     const bool md = opt->output == "md";

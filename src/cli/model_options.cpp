@@ -14,8 +14,17 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
   cmd.add_option("-c,--ctx-size", o.ctx, "context size in tokens (default: the model's)");
   cmd.add_option("-b,--batch-size", o.batch, "prompt tokens per batch")->check(CLI::PositiveNumber);
-  cmd.add_option("--device", o.device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  add_device_option(cmd, o.device);
   cmd.add_flag("-v,--verbose", o.verbose, "log more to stderr");
+}
+
+void add_device_option(CLI::App& cmd, std::string& name) {
+  cmd.add_option("--device", name, "cpu, cuda or auto (auto: CUDA when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+}
+
+DeviceChoice device_choice(const std::string& name) {
+  return name == "cuda" ? DeviceChoice::kCuda : name == "auto" ? DeviceChoice::kAuto : DeviceChoice::kCpu;
 }
 
 void add_sampling_options(CLI::App& cmd, SamplerParams& p) {
@@ -60,7 +69,7 @@ DecoderOptions decoder_options(const ModelOptions& o) {
   DecoderOptions d;
   d.n_threads = o.threads;
   d.n_batch = o.batch;
-  d.device = o.device == "cuda" ? DeviceChoice::kCuda : o.device == "auto" ? DeviceChoice::kAuto : DeviceChoice::kCpu;
+  d.device = device_choice(o.device);
   return d;
 }
 

@@ -24,6 +24,9 @@ struct ModelOptions {
 };
 
 void add_model_options(CLI::App& cmd, ModelOptions& o);
+// --device NAME (cpu|cuda|auto) on a command; add_model_options includes it.
+void add_device_option(CLI::App& cmd, std::string& name);
+DeviceChoice device_choice(const std::string& name);
 void add_sampling_options(CLI::App& cmd, SamplerParams& p);
 
 // Applies --verbose, resolves the model path and --device, loads the model.

@@ -1,5 +1,5 @@
 // frink perplexity -m FILE -f TEXT [-c 512] [-b BATCH] [-t THREADS] [--chunks N]
-//                  [--kl-base FILE] [--kl FILE]: llama-perplexity's estimate and output
+//                  [--kl-base FILE] [--kl FILE] [--device cpu|cuda|auto]: llama-perplexity's estimate and output
 // (src/engine/perplexity.h): running "[1]12.34,[2]..." per window, then the final line. With
 // --kl the tokens come from the base file and -f may be left out.
 #include <cstdio>
@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "core/read_file.h"
 #include "engine/perplexity.h"
@@ -24,7 +25,7 @@ namespace {
 Runner add_perplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand("perplexity", "Perplexity of a text (and KL divergence against a base run)");
   struct Options {
-    std::string model, file;
+    std::string model, file, device = "auto";
     PerplexityParams p;
   };
   auto opt = std::make_shared<Options>();
@@ -36,7 +37,9 @@ Runner add_perplexity(CLI::App& app) {
   cmd->add_option("--chunks", opt->p.n_chunks, "score at most N windows");
   cmd->add_option("--kl-base,--kl-divergence-base", opt->p.kl_base_out, "save the scored log-probs to FILE");
   cmd->add_option("--kl,--kl-divergence", opt->p.kl_in, "compare against a --kl-base FILE");
+  add_device_option(*cmd, opt->device);
   return [opt]() {
+    opt->p.device = device_choice(opt->device);
     if (opt->file.empty() && opt->p.kl_in.empty()) fail("perplexity needs -f TEXT (or --kl FILE)");
     const auto model = load_model(opt->model);
     const auto tok = Tokenizer::from_gguf(model->file->metadata());

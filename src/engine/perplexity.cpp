@@ -169,7 +169,11 @@ PerplexityResult run_perplexity(const Model& m, std::vector<int32_t> tokens, int
     kl_out = std::make_unique<KlWriter>(p.kl_base_out, KlHeader{uint32_t(n_ctx), uint32_t(V), uint32_t(n_chunk), uint32_t(first)}, tokens);
   }
 
-  Decoder dec(m, DecoderOptions{p.n_threads, n_batch});
+  DecoderOptions dopt;
+  dopt.n_threads = p.n_threads;
+  dopt.n_batch = n_batch;
+  dopt.device = p.device;
+  Decoder dec(m, dopt);
   PerplexityResult r;
   KlAccum kl;
   double nll = 0, nll2 = 0;
