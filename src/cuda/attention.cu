@@ -4,9 +4,10 @@
 // turn; lanes split the head dimension (d = lane + 32 i), a warp shuffle sums Q.K, and the
 // warp keeps an online softmax (max m, sum l, acc[head_dim_v]) in registers. The 4 warps
 // merge through shared memory and write (m, l, acc) for the chunk. Kernel 2 merges chunks.
-// Chunks entirely past a query's last key write m = -inf and are skipped by the merge.
+// Chunks entirely past a query's last key return at once and are never read by the merge.
 #include "cuda/attention.cuh"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_check.h"
@@ -24,8 +25,10 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p,
   const int64_t split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hk = h / (p.n_head / p.n_head_kv);
-  const int64_t n_keys = p.pos0 + t + 1;
+  const int64_t n_keys = *p.pos + t + 1;
   const int64_t begin = split * kAttnChunk, end = min(n_keys, begin + kAttnChunk);
+  if (begin >= n_keys) return;  // a split past this query's keys (the grid is sized by max_keys):
+                                // the merge reads only the splits that hold keys
   const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
 
@@ -91,7 +94,7 @@ __global__ void attn_merge_kernel(AttnParams p, int64_t n_split) {
   const int64_t h = blockIdx.x, t = blockIdx.y;
   const int64_t stride = 2 + p.head_dim_v;
   const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
-  const int64_t used = n_split_for(p.pos0 + t + 1);
+  const int64_t used = min(n_split, n_split_for(*p.pos + t + 1));  // min: never past the grid
   float mm = -INFINITY;
   for (int64_t s = 0; s < used; ++s) mm = fmaxf(mm, part[s * stride]);
   float ll = 0.0f;
@@ -104,18 +107,38 @@ __global__ void attn_merge_kernel(AttnParams p, int64_t n_split) {
   }
 }
 
+// One thread per float of the new rows; row t of the batch lands at mirror row *pos + t.
+__global__ void kv_append_kernel(const float* k, const float* v, int64_t k_w, int64_t v_w, int64_t n_tok,
+                                 const int32_t* pos, float* mk, float* mv) {
+  const int64_t w = k_w + v_w, row0 = *pos;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_tok * w; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / w, j = i % w;
+    if (j < k_w) mk[(row0 + t) * k_w + j] = k[t * k_w + j];
+    else mv[(row0 + t) * v_w + (j - k_w)] = v[t * v_w + (j - k_w)];
+  }
+}
+
 }  // namespace
 
-size_t attn_partial_floats(int64_t n_tok, int64_t pos0, int64_t n_head, int64_t head_dim_v) {
-  return static_cast<size_t>(n_tok * n_head * n_split_for(pos0 + n_tok) * (2 + head_dim_v));
+void launch_kv_append(const float* k, const float* v, int64_t k_width, int64_t v_width, int64_t n_tok,
+                      const int32_t* pos, float* mirror_k, float* mirror_v, cudaStream_t stream) {
+  const int64_t n = n_tok * (k_width + v_width);
+  if (n == 0) return;
+  kv_append_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 16)), 256, 0, stream>>>(
+      k, v, k_width, v_width, n_tok, pos, mirror_k, mirror_v);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v) {
+  return static_cast<size_t>(n_tok * n_head * n_split_for(max_keys) * (2 + head_dim_v));
 }
 
 void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
-                           p.n_head % p.n_head_kv == 0
+                           p.n_head % p.n_head_kv == 0 && p.pos && p.max_keys >= p.n_tok
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
-  const int64_t n_split = n_split_for(p.pos0 + p.n_tok);
+  const int64_t n_split = n_split_for(p.max_keys);
   attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
                              static_cast<unsigned>(p.n_tok)),
                         kWarps * 32, 0, p.stream>>>(p, n_split);

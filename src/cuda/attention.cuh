@@ -23,7 +23,11 @@ struct AttnParams {
   const float* k = nullptr;   // mirror [capacity][n_head_kv * head_dim_k]
   const float* v = nullptr;   // mirror [capacity][n_head_kv * head_dim_v]
   float* out = nullptr;       // [n_tok][n_head * head_dim_v]
-  int64_t n_tok = 0, pos0 = 0;
+  int64_t n_tok = 0;
+  const int32_t* pos = nullptr;  // device int pos0: query t sees keys [0, pos0 + t]
+  int64_t max_keys = 0;          // host bound on pos0 + n_tok, which sizes the split grid:
+                                 // a graph passes the mirror's capacity, so splits past
+                                 // the real length idle and the grid never changes
   int64_t n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
   float scale = 1.0f;         // multiplies Q.K
   float softcap = 0.0f;       // > 0: scores -> c * tanh(scores / c)
@@ -31,8 +35,14 @@ struct AttnParams {
   cudaStream_t stream = nullptr;
 };
 
-// Scratch floats the split-K partials need.
-size_t attn_partial_floats(int64_t n_tok, int64_t pos0, int64_t n_head, int64_t head_dim_v);
+// Scratch floats the split-K partials need for a grid sized by max_keys.
+size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v);
 void launch_attention(const AttnParams& p);
+
+// The batch's new K/V rows ([n_tok][k_width], [n_tok][v_width]) into the mirror at rows
+// [*pos, *pos + n_tok). A kernel rather than a memcpy because the destination moves with
+// the position, which a replayed graph reads from device memory.
+void launch_kv_append(const float* k, const float* v, int64_t k_width, int64_t v_width, int64_t n_tok,
+                      const int32_t* pos, float* mirror_k, float* mirror_v, cudaStream_t stream);
 
 }  // namespace frink::cuda

@@ -8,9 +8,22 @@
 // wait in download()/output_logits() then appends them to their host caches and marks the
 // mirrors caught up. Host caches are behind only between a run_layer and that wait, and
 // nothing reads them in between (a host layer reads only its own cache).
+//
+// The whole token (run_token): a decode step whose layers and head all run here is ONE
+// CUDA graph replay and one wait. The graph is the same enqueue code (enqueue_layer,
+// enqueue_head) captured once; the position lives in device memory (pos_dev_, written
+// before each replay) and every kernel that depends on it reads it there, so replays need
+// no new parameters. What a graph bakes in is its key (graph_key): buffer and mirror
+// addresses, and the attention grid's key bound, a power of two of the length. A change of
+// any of them (a buffer or mirror grown, the length past the next power of two) recaptures:
+// about log2(context) captures in a sequence's life. Mirror staleness is settled before
+// the replay (prepare() uploads outside the graph), so the replay always reads a mirror
+// that agrees with its host cache.
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <bit>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -19,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device_probe.h"
@@ -61,6 +75,7 @@ class CudaBackend final : public DeviceBackend {
   void download(float* x) override;
   void run_layer(int64_t il, KvCache& cache) override;
   void output_logits(int64_t first, int64_t n, float* logits) override;
+  void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits) override;
 
  private:
   struct Pending {
@@ -68,6 +83,15 @@ class CudaBackend final : public DeviceBackend {
     KvMirror* mirror;
     size_t k_off, v_off;  // floats into staging_
   };
+  KvMirror& mirror_for(KvCache& cache, const LayerPlan& p);
+  // Books staging room for the batch's new rows of one layer (in layer order, so a token's
+  // offsets are the same every step) and queues them for flush().
+  Pending add_pending(KvCache& cache, KvMirror& mirror);
+  // The device work of layer il / of the head; max_keys bounds the attention grid.
+  void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
+  void enqueue_head(int64_t first, int64_t n);
+  std::vector<uintptr_t> graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys) const;
+  void capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys);
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
   void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out);
@@ -88,6 +112,11 @@ class CudaBackend final : public DeviceBackend {
   float* staging_ = nullptr;  // pinned: new K/V rows on their way to the host caches
   size_t staging_floats_ = 0, staging_used_ = 0;
   std::vector<Pending> pending_;
+  int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
+  int32_t* pos_host_ = nullptr;  // pinned source of that copy
+  cudaGraphExec_t token_graph_ = nullptr;
+  std::vector<uintptr_t> token_key_;
+  int64_t n_captures_ = 0;
 };
 
 CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
@@ -96,10 +125,16 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialised");
   if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
+  FRINK_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int32_t)));
+  FRINK_CUDA_CHECK(cudaMallocHost(&pos_host_, sizeof(int32_t)));
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  if (token_graph_) cudaGraphExecDestroy(token_graph_);
+  FRINK_LOG_DEBUG("device: {} token graph capture(s)", n_captures_);
+  cudaFree(pos_dev_);
+  cudaFreeHost(pos_host_);
   cudaFreeHost(staging_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
@@ -125,7 +160,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
     o_w = std::max(o_w, p.n_head * p.head_dim_v);
     ff = std::max(ff, 2 * p.n_ff);
     max_in = std::max({max_in, o_w, p.n_ff});
-    part = std::max(part, static_cast<int64_t>(attn_partial_floats(n_tok, pos0, p.n_head, p.head_dim_v)));
+    part = std::max(part, static_cast<int64_t>(attn_partial_floats(n_tok, pos0 + n_tok, p.n_head, p.head_dim_v)));
   }
   const auto fl = [n_tok](int64_t w) { return static_cast<size_t>(n_tok * w) * sizeof(float); };
   x_.ensure(fl(hp.n_embd));
@@ -154,6 +189,11 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
     staging_floats_ = need;
   }
   staging_used_ = 0;
+  // Every batch that ran device work ended with a wait, so no earlier copy still reads
+  // pos_host_; one that ran none only left a copy of a value nobody read.
+  FRINK_ASSERT(pos0 <= INT32_MAX, "position {} past the device's 32-bit positions", pos0);
+  *pos_host_ = static_cast<int32_t>(pos0);
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
 }
 
 void CudaBackend::upload(const float* x) {
@@ -247,19 +287,37 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
   matmul(d.ffn_down, hidden_.f(), n_ff, out, E);
 }
 
+KvMirror& CudaBackend::mirror_for(KvCache& cache, const LayerPlan& p) {
+  auto& mirror = mirrors_[&cache];
+  if (!mirror) mirror = std::make_unique<KvMirror>(p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v);
+  return *mirror;
+}
+
+CudaBackend::Pending CudaBackend::add_pending(KvCache& cache, KvMirror& mirror) {
+  const size_t kf = static_cast<size_t>(n_tok_ * cache.k_width()), vf = static_cast<size_t>(n_tok_ * cache.v_width());
+  FRINK_ASSERT(staging_used_ + kf + vf <= staging_floats_, "staging too small");
+  const Pending pd{&cache, &mirror, staging_used_, staging_used_ + kf};
+  staging_used_ += kf + vf;
+  pending_.push_back(pd);
+  return pd;
+}
+
 void CudaBackend::run_layer(int64_t il, KvCache& cache) {
+  const LayerPlan& p = m_.hp.layers[static_cast<size_t>(il)];
+  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_layer on refused layer {}", il);
+  FRINK_ASSERT(cache.rows() == pos0_, "cache has {} rows at position {}", cache.rows(), pos0_);
+  KvMirror& mirror = mirror_for(cache, p);
+  mirror.prepare(cache, n_tok_, stream_, hooks_.trust_stale_mirror);
+  enqueue_layer(il, mirror, add_pending(cache, mirror), pos0_ + n_tok_);
+}
+
+void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys) {
   const Hparams& hp = m_.hp;
   const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
   const DeviceLayer& d = w_.layer(il);
-  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_layer on refused layer {}", il);
-  FRINK_ASSERT(cache.rows() == pos0_, "cache has {} rows at position {}", cache.rows(), pos0_);
   const int64_t E = hp.n_embd, n = n_tok_;
   const int64_t q_w = p.n_head * p.head_dim_k, k_w = p.n_head_kv * p.head_dim_k, v_w = p.n_head_kv * p.head_dim_v;
   const bool ln = hp.norm == NormKind::kLayer;
-
-  auto& mirror = mirrors_[&cache];
-  if (!mirror) mirror = std::make_unique<KvMirror>(k_w, v_w);
-  mirror->prepare(cache, n, stream_, hooks_.trust_stale_mirror);
 
   // h = self.input_layernorm(x)
   norm_rows(d.attn_norm, x_.f(), h_.f(), n, E, E, ln);
@@ -288,7 +346,7 @@ void CudaBackend::run_layer(int64_t il, KvCache& cache) {
     RopeLaunch r;
     r.n_tok = n;
     r.head_dim = p.head_dim_k;
-    r.pos0 = pos0_;
+    r.pos = pos_dev_;
     r.n_rot = p.rope.n_rot;
     r.neox = p.rope.kind == RopeKind::kNeox;
     r.freq_base = p.rope.freq_base;
@@ -310,25 +368,21 @@ void CudaBackend::run_layer(int64_t il, KvCache& cache) {
     launch_rope(r);
   }
   // The new rows: into the mirror at pos0, and back to the host cache (landed by flush()).
+  launch_kv_append(k_.f(), v_.f(), k_w, v_w, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), stream_);
   const size_t kb = static_cast<size_t>(n * k_w) * sizeof(float), vb = static_cast<size_t>(n * v_w) * sizeof(float);
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(mirror->k_rows(pos0_), k_.p, kb, cudaMemcpyDeviceToDevice, stream_));
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(mirror->v_rows(pos0_), v_.p, vb, cudaMemcpyDeviceToDevice, stream_));
-  FRINK_ASSERT(staging_used_ + static_cast<size_t>(n * (k_w + v_w)) <= staging_floats_, "staging too small");
-  Pending pd{&cache, mirror.get(), staging_used_, staging_used_ + static_cast<size_t>(n * k_w)};
   FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + pd.k_off, k_.p, kb, cudaMemcpyDeviceToHost, stream_));
   FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + pd.v_off, v_.p, vb, cudaMemcpyDeviceToHost, stream_));
-  staging_used_ += static_cast<size_t>(n * (k_w + v_w));
-  pending_.push_back(pd);
 
   // attn_output = softmax(q k^T * scale + mask) v, against the mirror rows [0, pos0 + t]
   AttnParams a;
   a.q = q_.f();
   a.q_stride = q_w;
-  a.k = mirror->k_rows(0);
-  a.v = mirror->v_rows(0);
+  a.k = mirror.k_rows(0);
+  a.v = mirror.v_rows(0);
   a.out = attn_.f();
   a.n_tok = n;
-  a.pos0 = pos0_;
+  a.pos = pos_dev_;
+  a.max_keys = max_keys;
   a.n_head = p.n_head;
   a.n_head_kv = p.n_head_kv;
   a.head_dim_k = p.head_dim_k;
@@ -357,17 +411,96 @@ void CudaBackend::run_layer(int64_t il, KvCache& cache) {
   launch_add(x_.f(), x_.f(), f_.f(), nullptr, n * E, stream_);
 }
 
-void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
+// Final norm, output projection (and softcap) of residual rows [first, first + n) into
+// logits_ (sized by the caller).
+void CudaBackend::enqueue_head(int64_t first, int64_t n) {
   const Hparams& hp = m_.hp;
   const int64_t E = hp.n_embd, V = hp.n_vocab;
-  logits_.ensure(static_cast<size_t>(n * V) * sizeof(float));
   norm_rows(w_.output_norm, x_.f() + first * E, h_.f(), n, E, E, hp.norm == NormKind::kLayer);
   const int64_t saved = n_tok_;
   n_tok_ = n;  // the head runs on n rows only
   matmul(w_.output, h_.f(), E, logits_.f(), V);
   n_tok_ = saved;
   if (hp.final_softcap > 0.0f) launch_softcap(logits_.f(), n * V, hp.final_softcap, stream_);
+}
+
+void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
+  const int64_t V = m_.hp.n_vocab;
+  logits_.ensure(static_cast<size_t>(n * V) * sizeof(float));
+  enqueue_head(first, n);
   FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(n * V) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+  flush();
+}
+
+std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys) const {
+  std::vector<uintptr_t> key;
+  for (const DevBuf* b : {&act_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
+                          &logits_})
+    key.push_back(reinterpret_cast<uintptr_t>(b->p));
+  key.push_back(reinterpret_cast<uintptr_t>(staging_));
+  key.push_back(static_cast<uintptr_t>(max_keys));
+  for (KvMirror* mr : mirrors) {
+    key.push_back(reinterpret_cast<uintptr_t>(mr->k_rows(0)));
+    key.push_back(reinterpret_cast<uintptr_t>(mr->v_rows(0)));
+  }
+  return key;
+}
+
+void CudaBackend::capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys) {
+  if (token_graph_) FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graph_));
+  token_graph_ = nullptr;
+  token_key_.clear();
+  // ThreadLocal: only this thread's calls are checked for capture safety (the host thread
+  // pool never touches CUDA).
+  FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    for (size_t il = 0; il < mirrors.size(); ++il) enqueue_layer(static_cast<int64_t>(il), *mirrors[il], pds[il], max_keys);
+    enqueue_head(0, 1);
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(stream_, &broken);  // leave the stream usable; the error goes up
+    if (broken) cudaGraphDestroy(broken);
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  FRINK_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  const cudaError_t inst = cudaGraphInstantiate(&token_graph_, graph, 0);
+  cudaGraphDestroy(graph);
+  FRINK_CUDA_CHECK(inst);
+  ++n_captures_;
+}
+
+void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits) {
+  const Hparams& hp = m_.hp;
+  FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
+  begin_batch(1, pos0);
+  // Everything that may synchronise, allocate or upload happens here, before the replay.
+  const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
+  std::vector<KvMirror*> mirrors;
+  size_t part = 0;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_token with refused layer {}", il);
+    KvCache& cache = *caches[static_cast<size_t>(il)];
+    FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
+    KvMirror& mirror = mirror_for(cache, p);
+    mirror.prepare(cache, 1, stream_, hooks_.trust_stale_mirror);
+    mirrors.push_back(&mirror);
+    part = std::max(part, attn_partial_floats(1, max_keys, p.n_head, p.head_dim_v));
+  }
+  partial_.ensure(part * sizeof(float));
+  logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
+  upload(x);
+  std::vector<Pending> pds;
+  for (int64_t il = 0; il < hp.n_layer; ++il) pds.push_back(add_pending(*caches[static_cast<size_t>(il)], *mirrors[static_cast<size_t>(il)]));
+  std::vector<uintptr_t> key = graph_key(mirrors, max_keys);
+  if (!token_graph_ || key != token_key_) {
+    capture_token(mirrors, pds, max_keys);
+    token_key_ = std::move(key);
+  }
+  FRINK_CUDA_CHECK(cudaGraphLaunch(token_graph_, stream_));
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_));
   flush();
 }

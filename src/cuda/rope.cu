@@ -23,7 +23,7 @@ __global__ void rope_kernel(RopeLaunch p, float theta_scale, float corr0, float 
   if (i >= p.n_tok * p.n_head * n_pairs) return;
   const int64_t pair = i % n_pairs, h = (i / n_pairs) % p.n_head, t = i / (n_pairs * p.n_head);
   const int i0 = static_cast<int>(2 * pair);
-  float theta_base = static_cast<float>(p.pos0 + t);
+  float theta_base = static_cast<float>(*p.pos + t);
   for (int64_t k = 0; k < pair; ++k) theta_base *= theta_scale;
   const float ff = p.freq_factors ? p.freq_factors[pair] : 1.0f;
   const float theta_extrap = theta_base / ff;

@@ -12,7 +12,8 @@ struct RopeLaunch {
   float* x = nullptr;         // [n_tok][row_stride], heads of head_dim from the row start
   int64_t row_stride = 0;
   int64_t n_tok = 0, n_head = 0, head_dim = 0;
-  int64_t pos0 = 0;           // token t is at position pos0 + t
+  const int32_t* pos = nullptr;  // device int: token t is at position *pos + t (device
+                                 // memory, so a captured graph replays at any position)
   int64_t n_rot = 0;
   bool neox = false;
   float freq_base = 10000.0f, freq_scale = 1.0f;

@@ -37,6 +37,18 @@ std::unique_ptr<DeviceBackend> make_device(const Model& m, const DecoderOptions&
 Decoder::Decoder(const Model& m, DecoderOptions opts)
     : m_(m), opts_(opts), pool_(opts.n_threads), device_(make_device(m, opts)) {
   if (device_) FRINK_LOG_INFO("device: {}", device_->describe());
+  token_graph_ = whole_token_on_device();
+}
+
+// Decode steps may go to run_token when nothing would take the host path: every layer an
+// attention layer the device takes, and the head.
+bool Decoder::whole_token_on_device() const {
+  if (!device_ || opts_.hooks.no_token_graph) return false;
+  for (int64_t il = 0; il <= m_.hp.n_layer; ++il) {
+    if (il < m_.hp.n_layer && m_.hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone) return false;
+    if (ask_device(il) != Refusal::kNone) return false;
+  }
+  return true;
 }
 
 Decoder::~Decoder() {
@@ -76,6 +88,14 @@ void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* lo
   const bool count = opts_.device != DeviceChoice::kCpu;
   std::vector<float> x(static_cast<size_t>(n * hp.n_embd));
   cpu::embed_tokens(m_, tokens, n, x.data());
+  if (token_graph_ && n == 1 && logits_out) {
+    for (int64_t il = 0; il <= hp.n_layer; ++il) refusals_.add(Refusal::kNone);
+    std::vector<KvCache*> caches;
+    for (int64_t il = 0; il < hp.n_layer; ++il) caches.push_back(&s.cache(il));
+    device_->run_token(pos0, x.data(), caches, logits_out);
+    s.commit(tokens, n);
+    return;
+  }
   if (device_) device_->begin_batch(n, pos0);
   bool x_on_device = false;  // where the current residual lives
   for (int64_t il = 0; il < hp.n_layer; ++il) {

@@ -48,12 +48,14 @@ class Decoder {
  private:
   void eval_batch(Session& s, const int32_t* tokens, int64_t n, float* logits_out, bool all_logits);
   Refusal ask_device(int64_t il) const;
+  bool whole_token_on_device() const;
 
   const Model& m_;
   DecoderOptions opts_;
   ThreadPool pool_;
   std::unique_ptr<DeviceBackend> device_;  // null: host only
   RefusalCounts refusals_;
+  bool token_graph_ = false;  // decode steps go to DeviceBackend::run_token
 };
 
 }  // namespace frink

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -78,6 +79,7 @@ struct RefusalCounts {
 struct DeviceHooks {
   int64_t refuse_layer = -1;        // this layer always refuses with kForcedByTest
   bool trust_stale_mirror = false;  // SABOTAGE: the KV mirror skips its staleness re-upload
+  bool no_token_graph = false;      // decode steps go layer by layer, never run_token
 };
 
 // One device as the Decoder sees it. The residual stream of a batch lives on the device
@@ -113,6 +115,13 @@ class DeviceBackend {
   // Final norm and output projection of the device residual's rows [first, first + n),
   // into logits [n][n_vocab]; waits, and flushes pending K/V rows like download().
   virtual void output_logits(int64_t first, int64_t n, float* logits) = 0;
+
+  // A whole decode step at once (DESIGN.md section 4), when every layer and the head run
+  // here: host residual x [n_embd] of the token at position pos0 in, logits [n_vocab] out;
+  // caches[il] is layer il's host cache (rows() == pos0). One submission and one wait; on
+  // return the new K/V rows are in the host caches. The same arithmetic as begin_batch(1,
+  // pos0), upload, run_layer for each layer and output_logits(0, 1), bit for bit.
+  virtual void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits) = 0;
 };
 
 }  // namespace frink

@@ -1,6 +1,7 @@
 // Every device kernel against its host body over a case table with odd sizes and tails.
 // Bounds are NMSE against the host (or a double-precision reference where the host body
 // itself rounds differently), each with its reason beside it.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -228,13 +229,14 @@ TEST(CudaKernels, RopeMatchesHost) {
     for (int64_t t = 0; t < n_tok; ++t)
       cpu::rope(rp, c.ff ? ff.data() : nullptr, ref.data() + t * n_head * c.head_dim, n_head, c.head_dim, c.pos0 + t);
     Dev<float> dx(x), dff(ff);
+    Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});  // positions live on the device
     cuda::RopeLaunch p;
     p.x = dx.p;
     p.row_stride = n_head * c.head_dim;
     p.n_tok = n_tok;
     p.n_head = n_head;
     p.head_dim = c.head_dim;
-    p.pos0 = c.pos0;
+    p.pos = dpos.p;
     p.n_rot = c.n_rot;
     p.neox = c.kind == RopeKind::kNeox;
     p.freq_base = rp.freq_base;
@@ -288,16 +290,21 @@ TEST(CudaKernels, GluAddSoftcapMatchHost) {
 }
 
 // Split-K attention against a double-precision causal softmax: decode and prefill, GQA, head
-// widths that are not multiples of 32, contexts spanning several splits, softcap.
+// widths that are not multiples of 32, contexts spanning several splits, softcap, and a grid
+// sized for far more keys than there are (max_keys: how a replayed graph launches it), whose
+// idle splits must not leak into the result.
 TEST(CudaKernels, AttentionMatchesReference) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(13);
   struct C {
     int64_t n_tok, pos0, n_head, n_head_kv, hd;
     float softcap;
+    int64_t max_keys = 0;  // 0: pos0 + n_tok, the tight grid
   };
   for (const C& c : {C{1, 0, 4, 2, 64, 0}, C{1, 700, 8, 2, 128, 0}, C{5, 3, 4, 4, 40, 0}, C{3, 530, 6, 3, 72, 30.0f},
-                     C{1, 2047, 2, 1, 256, 0}, C{17, 0, 4, 1, 64, 50.0f}}) {
+                     C{1, 2047, 2, 1, 256, 0}, C{17, 0, 4, 1, 64, 50.0f}, C{1, 700, 8, 2, 128, 0, 4096},
+                     C{1, 0, 4, 2, 64, 0, 512}, C{2, 300, 4, 2, 64, 0, 1024}}) {
+    const int64_t max_keys = c.max_keys ? c.max_keys : c.pos0 + c.n_tok;
     const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd;
     const auto q = random_floats(rng, c.n_tok * c.n_head * c.hd), k = random_floats(rng, n_keys * kw),
                v = random_floats(rng, n_keys * kw);
@@ -325,7 +332,8 @@ TEST(CudaKernels, AttentionMatchesReference) {
         }
       }
     Dev<float> dq(q), dk(k), dv(v), dout(ref.size()),
-        part(cuda::attn_partial_floats(c.n_tok, c.pos0, c.n_head, c.hd));
+        part(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd));
+    Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
     cuda::AttnParams p;
     p.q = dq.p;
     p.q_stride = c.n_head * c.hd;
@@ -333,7 +341,8 @@ TEST(CudaKernels, AttentionMatchesReference) {
     p.v = dv.p;
     p.out = dout.p;
     p.n_tok = c.n_tok;
-    p.pos0 = c.pos0;
+    p.pos = dpos.p;
+    p.max_keys = max_keys;
     p.n_head = c.n_head;
     p.n_head_kv = c.n_head_kv;
     p.head_dim_k = p.head_dim_v = c.hd;
@@ -343,8 +352,28 @@ TEST(CudaKernels, AttentionMatchesReference) {
     cuda::launch_attention(p);
     const auto y = dout.get();
     // f32 online softmax and sums over <= 2048 keys: ~1e-12; bound 1e-9.
-    EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-9) << "n_tok " << c.n_tok << " pos0 " << c.pos0 << " hd " << c.hd;
+    EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-9)
+        << "n_tok " << c.n_tok << " pos0 " << c.pos0 << " hd " << c.hd << " max_keys " << max_keys;
   }
+}
+
+// The K/V append lands row t of the batch at mirror row pos + t, K and V of different
+// widths, and touches no other row.
+TEST(CudaKernels, KvAppendWritesRowsAtDevicePosition) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  const int64_t kw = 96, vw = 64, cap = 40, n_tok = 3, pos = 29;
+  const auto k = random_floats(rng, n_tok * kw), v = random_floats(rng, n_tok * vw);
+  const auto mk0 = random_floats(rng, cap * kw), mv0 = random_floats(rng, cap * vw);
+  Dev<float> dk(k), dv(v), dmk(mk0), dmv(mv0);
+  Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(pos)});
+  cuda::launch_kv_append(dk.p, dv.p, kw, vw, n_tok, dpos.p, dmk.p, dmv.p, nullptr);
+  const auto mk = dmk.get(), mv = dmv.get();
+  std::vector<float> ek = mk0, ev = mv0;
+  std::copy(k.begin(), k.end(), ek.begin() + pos * kw);
+  std::copy(v.begin(), v.end(), ev.begin() + pos * vw);
+  EXPECT_EQ(mk, ek);
+  EXPECT_EQ(mv, ev);
 }
 
 }  // namespace

@@ -141,6 +141,24 @@ INSTANTIATE_TEST_SUITE_P(Hf, HfParity,
                            return n;
                          });
 
+// A decode step as one graph replay (DeviceBackend::run_token) computes exactly what the
+// same step does layer by layer: the same kernels with the same parameters, the position
+// read from device memory. Bit-identical logits, over enough steps to pass a power of two
+// of the length (a new graph key: 512 -> 1024) and a mirror capacity doubling.
+TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
+  FRINK_REQUIRE_GPU();
+  for (const char* rel : {"llamacpp/archs/qwen3-dense.gguf", "llamacpp/quant/llama-dense-Q4_K_M.gguf"}) {
+    if (!std::filesystem::exists(gpu_testdata() / rel)) continue;
+    const auto m = load_model((gpu_testdata() / rel).string());
+    DecoderOptions layered = opts(DeviceChoice::kCuda, 512);
+    layered.hooks.no_token_graph = true;
+    const ModelRun a = run_model(*m, opts(DeviceChoice::kCuda, 512), 500, 30);
+    const ModelRun b = run_model(*m, layered, 500, 30);
+    EXPECT_EQ(a.decode, b.decode) << rel;
+    EXPECT_EQ(a.greedy, b.greedy) << rel;
+  }
+}
+
 // Forced refusal of any single layer (and of the head) gives the same result via the host.
 TEST(DeviceRefusal, AnySingleForcedLayerMatchesHost) {
   FRINK_REQUIRE_GPU();
