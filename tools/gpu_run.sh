@@ -1,0 +1,41 @@
+#!/bin/bash
+# The issue-6 device call in one script (run on the GPU machine from the repository root):
+# GPU tests, then frink bench on llama3.1-8b synth files, then optionally an ncu per-kernel
+# profile of decode. Device time is scarce, so everything happens in one call.
+#
+# Binaries: built on the dev machine (nvcc compiles there but cannot run) and carried, which
+# saves the device a build:
+#   cmake -S . -B build-cuda -DFRINK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
+#   cmake --build build-cuda -j2 --target frink test_gpu
+#   tools/gpu_stage.sh          # copies binaries, their .so files and the fixtures
+# then run with carry [".fixtures/gpu"] (under 64 MiB):
+#   TYPES="Q4_0 Q8_0" DEPTHS=0,4096,16384 PROFILE=1 bash tools/gpu_run.sh
+# Without carried binaries it builds here (-j16, sm_90) first.
+set -o pipefail
+G=$PWD/.fixtures/gpu
+export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
+export FRINK_GPU_TESTDATA=$G/testdata FRINK_HF_FIXTURES=$PWD/tests/fixtures/hf
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if [ -x "$G/bin/frink" ] || [ -f "$G/bin/frink" ]; then
+  chmod +x "$G"/bin/*
+  FRINK=$G/bin/frink TEST_GPU=$G/bin/test_gpu
+else
+  cmake -S . -B build-gpu -DFRINK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+    cmake --build build-gpu -j16 --target frink test_gpu 2>&1 | grep -E "error|warning" | head -20
+  FRINK=$PWD/build-gpu/frink TEST_GPU=$PWD/build-gpu/tests/test_gpu
+fi
+nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv,noheader
+timeout ${TEST_TIMEOUT:-200} "$TEST_GPU" 2>&1 | tee "$OUT/test_gpu.txt" |
+  grep -E "^\[gpu\]|FAILED|PASSED|Failure|error" | head -80
+for T in ${TYPES:-Q4_0}; do
+  "$FRINK" synth --preset ${PRESET:-llama3.1-8b} --type "$T" -o /tmp/m.gguf 2>&1 | tail -1
+  "$FRINK" bench -m /tmp/m.gguf --device cuda -p ${PP:-512} -n 128 -d ${DEPTHS:-0} -r ${REPS:-3} 2>&1 |
+    grep -v "uploading weights" | tee -a "$OUT/bench.txt"
+  if [ -n "$PROFILE" ]; then
+    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_tg_$T.csv" \
+      "$FRINK" bench -m /tmp/m.gguf --device cuda -p 0 -n 2 -r 1 >/dev/null 2>&1
+    python3 tools/ncu_summary.py "$OUT/ncu_tg_$T.csv" | head -20
+  fi
+  rm -f /tmp/m.gguf
+done
