@@ -32,7 +32,9 @@ struct Dev {
   size_t n = 0;
   explicit Dev(const std::vector<T>& h) : n(h.size()) {
     EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
-    if (n) EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    if (n) {
+      EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   explicit Dev(size_t count) : Dev(std::vector<T>(count, T(-1e30f))) {}  // poisoned
   ~Dev() { cudaFree(p); }
@@ -107,6 +109,77 @@ TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
       // operands rounded to f16 (2^-11 relative each): ~1e-7 expected, bound 1e-5.
       const double bound = c.n_tok <= cuda::kMatvecMaxTok ? 1e-9 : 1e-5;
       EXPECT_LT(e, bound) << ggml_type_name(t) << " n_in " << c.n_in << " n_out " << c.n_out << " n_tok " << c.n_tok;
+    }
+  }
+  cublasDestroy(blas);
+}
+
+// act_round for every type: the activation is first rounded to the host's vec_dot_type
+// (Q8_0/Q8_1 blocks, Q8_K, f16, bf16) exactly as the host rounds it, so the product equals
+// the host's dequantized weights dotted with the host-rounded activation: up to f32
+// summation order on the matrix-vector path (1e-9), plus f16 operands on the cuBLAS path
+// (1e-5). Inputs include an exact tie of largest magnitude with opposite signs and an
+// all-zero block (Q8_K's d would be 0/0 there).
+TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  cublasHandle_t blas;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  const std::vector<MatCase> cases = {{256, 9, 1, false}, {512, 33, 3, true}, {768, 20, 12, false}};
+  for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                     GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                     GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
+    const GgmlType at = vec_dot_type(t);
+    for (const MatCase& c : cases) {
+      std::vector<uint8_t> w;
+      std::vector<float> wf(static_cast<size_t>(c.n_in * c.n_out));
+      for (int64_t r = 0; r < c.n_out; ++r) {
+        auto row = random_weight_row(rng, t, c.n_in);
+        dequantize_row(t, row.data(), wf.data() + r * c.n_in, c.n_in);
+        w.insert(w.end(), row.begin(), row.end());
+      }
+      auto x = random_floats(rng, c.n_in * c.n_tok);
+      x[5] = 9.5f;  // a tie of largest magnitude (sigma is 1) in the first block, opposite signs
+      x[77] = -9.5f;
+      if (x.size() >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
+      std::vector<float> xr(x.size());
+      std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(at, c.n_in)));
+      for (int64_t tk = 0; tk < c.n_tok; ++tk) {
+        quantize_row(at, x.data() + tk * c.n_in, q.data(), c.n_in);
+        dequantize_row(at, q.data(), xr.data() + tk * c.n_in, c.n_in);
+      }
+      std::vector<float> ref(static_cast<size_t>(c.n_out * c.n_tok));
+      for (int64_t tk = 0; tk < c.n_tok; ++tk)
+        for (int64_t r = 0; r < c.n_out; ++r) {
+          double s = 0;
+          for (int64_t i = 0; i < c.n_in; ++i) s += double(wf[r * c.n_in + i]) * xr[tk * c.n_in + i];
+          ref[tk * c.n_out + r] = static_cast<float>(s + (c.bias ? 1.0f : 0.0f));
+        }
+      const std::vector<float> ones(static_cast<size_t>(c.n_out), 1.0f);
+      Dev<uint8_t> dw(w);
+      Dev<float> dx(x), db(ones), dy(ref.size()), dact(x.size());
+      Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
+      cuda::MatmulParams p;
+      p.type = static_cast<int>(t);
+      p.w = dw.p;
+      p.row_bytes = ggml_row_bytes(t, c.n_in);
+      p.n_in = c.n_in;
+      p.n_out = c.n_out;
+      p.x = dx.p;
+      p.x_stride = c.n_in;
+      p.y = dy.p;
+      p.y_stride = c.n_out;
+      p.n_tok = c.n_tok;
+      p.bias = c.bias ? db.p : nullptr;
+      p.blas = blas;
+      p.scratch = scratch.p;
+      p.scratch_elems = scratch.n;
+      p.act_round = dact.p;
+      cuda::launch_matmul(p);
+      const auto y = dy.get();
+      const double e = nmse(y.data(), ref.data(), ref.size());
+      EXPECT_LT(e, c.n_tok <= cuda::kMatvecMaxTok ? 1e-9 : 1e-5)
+          << ggml_type_name(t) << " n_in " << c.n_in << " n_tok " << c.n_tok;
     }
   }
   cublasDestroy(blas);
