@@ -1,6 +1,7 @@
 // Attention on the device against a sequence's KV mirror (src/cuda/kv_mirror.h), for
 // decode (n_tok = 1) and causal prefill (n_tok > 1) alike: query t at position pos0 + t sees
-// mirror rows [0, pos0 + t]. Split-K over the sequence (flash-decoding): the keys are cut
+// mirror rows [0, pos0 + t]. Prompts of kAttnPrefillMinTok or more queries use a tiled
+// kernel (attention.cu). Otherwise split-K over the sequence (flash-decoding): the keys are cut
 // into chunks of kAttnChunk, each (token, head, chunk) block computes a partial softmax
 // (max, sum, weighted V), and a second kernel merges the chunks, so a long context keeps
 // every SM busy at batch 1. GQA (n_head a multiple of n_head_kv) and a logit softcap are
@@ -16,6 +17,9 @@ namespace frink::cuda {
 
 inline constexpr int64_t kAttnChunk = 256;    // keys per split
 inline constexpr int64_t kAttnMaxHeadDim = 256;
+// Batches of at least this many queries (and head dims up to 128) take the tiled prefill
+// kernel, which shares each key tile among 8 queries; smaller ones the split-K kernel.
+inline constexpr int64_t kAttnPrefillMinTok = 8;
 
 struct AttnParams {
   const float* q = nullptr;   // [n_tok][q_stride]: heads of head_dim_k, post-RoPE/QK-norm

@@ -362,7 +362,7 @@ TEST(CudaKernels, GluAddSoftcapMatchHost) {
   EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-11);
 }
 
-// Split-K attention against a double-precision causal softmax: decode and prefill, GQA, head
+// Attention (split-K and tiled prefill) against a double-precision causal softmax: decode and prefill, GQA, head
 // widths that are not multiples of 32, contexts spanning several splits, softcap, and a grid
 // sized for far more keys than there are (max_keys: how a replayed graph launches it), whose
 // idle splits must not leak into the result.
@@ -376,7 +376,11 @@ TEST(CudaKernels, AttentionMatchesReference) {
   };
   for (const C& c : {C{1, 0, 4, 2, 64, 0}, C{1, 700, 8, 2, 128, 0}, C{5, 3, 4, 4, 40, 0}, C{3, 530, 6, 3, 72, 30.0f},
                      C{1, 2047, 2, 1, 256, 0}, C{17, 0, 4, 1, 64, 50.0f}, C{1, 700, 8, 2, 128, 0, 4096},
-                     C{1, 0, 4, 2, 64, 0, 512}, C{2, 300, 4, 2, 64, 0, 1024}}) {
+                     C{1, 0, 4, 2, 64, 0, 512}, C{2, 300, 4, 2, 64, 0, 1024},
+                     // n_tok >= kAttnPrefillMinTok: the tiled prefill kernel (partial query and
+                     // key tiles, odd and non-multiple-of-32 head dims); hd 256 falls back
+                     C{40, 300, 8, 2, 128, 0}, C{9, 0, 2, 2, 40, 0}, C{33, 5, 4, 4, 72, 30.0f},
+                     C{64, 0, 4, 2, 128, 0}, C{8, 31, 3, 1, 33, 0}, C{12, 10, 2, 1, 256, 0}}) {
     const int64_t max_keys = c.max_keys ? c.max_keys : c.pos0 + c.n_tok;
     const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd;
     const auto q = random_floats(rng, c.n_tok * c.n_head * c.hd), k = random_floats(rng, n_keys * kw),
