@@ -92,6 +92,7 @@ class CudaBackend final : public DeviceBackend {
   void enqueue_head(int64_t first, int64_t n);
   std::vector<uintptr_t> graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys) const;
   void capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys);
+  MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
   void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out);
@@ -217,7 +218,8 @@ void CudaBackend::flush() {
   pending_.clear();
 }
 
-void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+MatmulParams CudaBackend::matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y,
+                                        int64_t y_stride) {
   MatmulParams p;
   p.type = l.type;
   p.w = l.w;
@@ -237,7 +239,11 @@ void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride
   p.scratch_elems = scratch_elems_;
   p.act_round = act_.f();
   p.stream = stream_;
-  launch_matmul(p);
+  return p;
+}
+
+void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+  launch_matmul(matmul_params(l, x, x_stride, y, y_stride));
 }
 
 void CudaBackend::norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len,
@@ -268,8 +274,9 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
   g.stream = stream_;
   if (p.ffn == FfnKind::kGated) {
     // self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-    matmul(d.ffn_gate, h, E, gate_.f(), n_ff);
-    matmul(d.ffn_up, h, E, up_.f(), n_ff);
+    const MatmulParams gu[2] = {matmul_params(d.ffn_gate, h, E, gate_.f(), n_ff),
+                                matmul_params(d.ffn_up, h, E, up_.f(), n_ff)};
+    launch_matmuls(gu, 2);  // one rounding of h for both
     g.gate = gate_.f();
     g.up = up_.f();
     g.gate_stride = g.up_stride = n_ff;
@@ -333,9 +340,10 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     split(k_.f(), q_w, k_w);
     split(v_.f(), q_w + k_w, v_w);
   } else {
-    matmul(d.wq, h_.f(), E, q_.f(), q_w);
-    matmul(d.wk, h_.f(), E, k_.f(), k_w);
-    matmul(d.wv, h_.f(), E, v_.f(), v_w);
+    const MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_.f(), q_w),
+                                 matmul_params(d.wk, h_.f(), E, k_.f(), k_w),
+                                 matmul_params(d.wv, h_.f(), E, v_.f(), v_w)};
+    launch_matmuls(qkv, 3);  // one rounding of h for all three
   }
   // q = q_norm(q), k = k_norm(k) per head; apply_rotary_pos_emb(q, k, cos, sin)
   if (p.qk_norm) {

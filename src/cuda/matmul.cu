@@ -147,7 +147,8 @@ __global__ void bias_scale_kernel(Args a, int64_t n_tok) {
 
 // The host's activation formats (quant/quant.h vec_dot_type), emulated value for value:
 // kQ8Blocks = quantize_q8_0/q8_1 then dequantize (d rounded to f16), kQ8K = quantize_q8_k.
-enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16 };
+// kActDp4a: x quantized to int8 Q8_0 blocks plus f32 scales for the dp4a kernel.
+enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16, kActDp4a };
 
 constexpr ActRound act_round_for(int type) {
   switch (type) {
@@ -343,14 +344,16 @@ __global__ void __launch_bounds__(kQWarps * 32) matvec_q8_kernel(Args a, const i
 }
 
 template <int T>
-void matvec_q8_launch(const MatmulParams& p, const Args& a0) {
+void matvec_q8_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
   // act_round holds n_tok * n_in floats: int8 quants first, then the f32 block scales.
   int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);
   float* xd = reinterpret_cast<float*>(xq + p.n_tok * p.n_in);
   const int64_t n_warps = p.n_tok * (p.n_in / 32);
-  quantize_q8_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
-                                                                                     p.n_tok, xq, xd);
-  FRINK_CUDA_CHECK_LAUNCH();
+  if (!x_ready) {
+    quantize_q8_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
+                                                                                       p.n_tok, xq, xd);
+    FRINK_CUDA_CHECK_LAUNCH();
+  }
   const dim3 grid(static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps));
   const int64_t n_blk = p.n_in / 32;
   for (int64_t t0 = 0; t0 < p.n_tok;) {
@@ -373,15 +376,18 @@ void blas_check(cublasStatus_t st, const char* file, int line) {
 }
 
 template <int T>
-void gemm_launch(const MatmulParams& p, const Args& a) {
+void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
   FRINK_CUDA_CHECK(p.blas ? cudaSuccess : cudaErrorInvalidValue);
   const size_t x_elems = static_cast<size_t>(p.n_in * p.n_tok);
   FRINK_CUDA_CHECK(p.scratch_elems > x_elems + static_cast<size_t>(p.n_in) ? cudaSuccess : cudaErrorInvalidValue);
   __half* xh = static_cast<__half*>(p.scratch);
   __half* wh = xh + x_elems;
   const int64_t tile_rows = std::max<int64_t>(1, static_cast<int64_t>((p.scratch_elems - x_elems) / p.n_in));
-  to_f16_kernel<<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok, xh);
-  FRINK_CUDA_CHECK_LAUNCH();
+  if (!x_ready) {  // else the group's previous product left x in f16 at the scratch's start
+    to_f16_kernel<<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
+                                                                                       p.n_tok, xh);
+    FRINK_CUDA_CHECK_LAUNCH();
+  }
   const float one = 1.0f, zero = 0.0f;
   for (int64_t r0 = 0; r0 < p.n_out; r0 += tile_rows) {
     const int64_t nr = std::min(tile_rows, p.n_out - r0);
@@ -402,19 +408,29 @@ void gemm_launch(const MatmulParams& p, const Args& a) {
   }
 }
 
+// What x becomes before the kernels read it: the key under which a group of products on one
+// input (launch_matmuls) prepares it once.
+ActRound act_prep_for(const MatmulParams& p) {
+  if (!p.act_round) return kActNone;
+  if ((p.type == kQ4_0 || p.type == kQ8_0) && p.n_tok <= kMatvecMaxTok && p.n_in % 32 == 0) return kActDp4a;
+  return act_round_for(p.type);
+}
+
+// x_ready: the previous product of the group prepared x the same way (kind), so the act_round
+// buffer (and on the cuBLAS path the f16 copy of x) already hold it.
 template <int T>
-void dispatch(const MatmulParams& p_in) {
+void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
   MatmulParams p = p_in;
   if constexpr (T == kQ4_0 || T == kQ8_0) {
-    if (p.act_round && p.n_tok <= kMatvecMaxTok && p.n_in % 32 == 0) {
+    if (kind == kActDp4a) {
       const Args a{static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
                    p.x, p.y, p.bias, p.scale, p.bias_before_scale};
-      matvec_q8_launch<T>(p, a);
+      matvec_q8_launch<T>(p, a, x_ready);
       return;
     }
   }
-  if (p.act_round && act_round_for(T) != kActNone) {
-    launch_act_round(p, act_round_for(T));
+  if (kind != kActNone) {
+    if (!x_ready) launch_act_round(p, kind);
     p.x = p.act_round;
     p.x_stride = p.n_in;
   }
@@ -423,7 +439,7 @@ void dispatch(const MatmulParams& p_in) {
   if (p.n_tok <= kMatvecMaxTok)
     matvec_launch<T>(p, a);
   else
-    gemm_launch<T>(p, a);
+    gemm_launch<T>(p, a, x_ready);
 }
 
 }  // namespace
@@ -440,18 +456,30 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
   return static_cast<size_t>(n_in * n_tok) + std::max<size_t>(static_cast<size_t>(n_in), size_t{64} << 20);
 }
 
-void launch_matmul(const MatmulParams& p) {
-  FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out
-                       ? cudaSuccess
-                       : cudaErrorInvalidValue);
-#define FRINK_CASE(T)      \
-  if (p.type == T) {       \
-    dispatch<T>(p);        \
-    return;                \
+void launch_matmuls(const MatmulParams* ps, int n) {
+  ActRound prev = kActNone;
+  for (int i = 0; i < n; ++i) {
+    const MatmulParams& p = ps[i];
+    const MatmulParams& p0 = ps[0];
+    FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out &&
+                             p.x == p0.x && p.x_stride == p0.x_stride && p.n_in == p0.n_in && p.n_tok == p0.n_tok &&
+                             p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream
+                         ? cudaSuccess
+                         : cudaErrorInvalidValue);
+    const ActRound kind = act_prep_for(p);
+    const bool x_ready = i > 0 && kind == prev;
+    prev = kind;
+#define FRINK_CASE(T)                 \
+  if (p.type == T) {                  \
+    dispatch<T>(p, kind, x_ready);    \
+    continue;                         \
   }
-  FRINK_FOR_EACH_DEVICE_TYPE(FRINK_CASE)
+    FRINK_FOR_EACH_DEVICE_TYPE(FRINK_CASE)
 #undef FRINK_CASE
-  FRINK_CUDA_CHECK(cudaErrorInvalidValue);  // no kernel: the caller skipped matmul_supported
+    FRINK_CUDA_CHECK(cudaErrorInvalidValue);  // no kernel: the caller skipped matmul_supported
+  }
 }
+
+void launch_matmul(const MatmulParams& p) { launch_matmuls(&p, 1); }
 
 }  // namespace frink::cuda

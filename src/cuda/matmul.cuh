@@ -45,5 +45,9 @@ bool matmul_supported(int type);
 // are sized to what is left, at least one row per tile).
 size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok);
 void launch_matmul(const MatmulParams& p);
+// Several products of ONE input (the same x, x_stride, n_in, n_tok, act_round, scratch and
+// stream; q/k/v or gate/up): x is rounded (or quantized, or converted to f16) once for each
+// run of products that need the same form, not once per product.
+void launch_matmuls(const MatmulParams* ps, int n);
 
 }  // namespace frink::cuda

@@ -3,6 +3,7 @@
 // itself rounds differently), each with its reason beside it.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -180,6 +181,70 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
       const double e = nmse(y.data(), ref.data(), ref.size());
       EXPECT_LT(e, c.n_tok <= cuda::kMatvecMaxTok ? 1e-9 : 1e-5)
           << ggml_type_name(t) << " n_in " << c.n_in << " n_tok " << c.n_tok;
+    }
+  }
+  cublasDestroy(blas);
+}
+
+// launch_matmuls (products of one input prepared once) gives bit for bit what separate
+// launch_matmul calls give, for groups that share one preparation, that alternate between
+// forms (dp4a, Q8 blocks, dp4a again), on both the matrix-vector and the cuBLAS path.
+TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(29);
+  cublasHandle_t blas;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  const std::vector<std::vector<GgmlType>> groups = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
+                                                     {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_0},
+                                                     {GgmlType::F16, GgmlType::BF16, GgmlType::F16},
+                                                     {GgmlType::Q8_0, GgmlType::Q8_0}};
+  const int64_t n_in = 512;
+  for (int64_t n_tok : {1, 3, 12}) {
+    for (const auto& types : groups) {
+      const auto x = random_floats(rng, n_in * n_tok);
+      Dev<float> dx(x), dact(x.size());
+      Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(n_in, n_tok)));
+      std::vector<std::unique_ptr<Dev<uint8_t>>> ws;
+      std::vector<std::unique_ptr<Dev<float>>> ys_group, ys_alone;
+      std::vector<cuda::MatmulParams> ps;
+      for (size_t i = 0; i < types.size(); ++i) {
+        const int64_t n_out = 40 + 8 * static_cast<int64_t>(i);
+        std::vector<uint8_t> w;
+        for (int64_t r = 0; r < n_out; ++r) {
+          auto row = random_weight_row(rng, types[i], n_in);
+          w.insert(w.end(), row.begin(), row.end());
+        }
+        ws.push_back(std::make_unique<Dev<uint8_t>>(w));
+        ys_group.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_out * n_tok)));
+        ys_alone.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_out * n_tok)));
+        cuda::MatmulParams p;
+        p.type = static_cast<int>(types[i]);
+        p.w = ws.back()->p;
+        p.row_bytes = ggml_row_bytes(types[i], n_in);
+        p.n_in = n_in;
+        p.n_out = n_out;
+        p.x = dx.p;
+        p.x_stride = n_in;
+        p.y_stride = n_out;
+        p.n_tok = n_tok;
+        p.blas = blas;
+        p.scratch = scratch.p;
+        p.scratch_elems = scratch.n;
+        p.act_round = dact.p;
+        ps.push_back(p);
+      }
+      for (size_t i = 0; i < ps.size(); ++i) {
+        ps[i].y = ys_group[i]->p;
+      }
+      cuda::launch_matmuls(ps.data(), static_cast<int>(ps.size()));
+      for (size_t i = 0; i < ps.size(); ++i) {
+        cuda::MatmulParams p = ps[i];
+        p.y = ys_alone[i]->p;
+        cuda::launch_matmul(p);
+      }
+      for (size_t i = 0; i < ps.size(); ++i)
+        EXPECT_EQ(ys_group[i]->get(), ys_alone[i]->get())
+            << ggml_type_name(types[i]) << " product " << i << " n_tok " << n_tok;
     }
   }
   cublasDestroy(blas);
