@@ -29,9 +29,10 @@ struct AttnParams {
   float* out = nullptr;       // [n_tok][n_head * head_dim_v]
   int64_t n_tok = 0;
   const int32_t* pos = nullptr;  // device int pos0: query t sees keys [0, pos0 + t]
-  int64_t max_keys = 0;          // host bound on pos0 + n_tok, which sizes the split grid:
-                                 // a graph passes the mirror's capacity, so splits past
-                                 // the real length idle and the grid never changes
+  int64_t max_keys = 0;          // host bound on pos0 + n_tok, which sizes the split grid: a
+                                 // token graph passes a power of two of the length, so the
+                                 // splits past the real length idle and one graph serves
+                                 // every length up to that bound
   int64_t n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
   float scale = 1.0f;         // multiplies Q.K
   float softcap = 0.0f;       // > 0: scores -> c * tanh(scores / c)

@@ -14,11 +14,12 @@
 // enqueue_head) captured once; the position lives in device memory (pos_dev_, written
 // before each replay) and every kernel that depends on it reads it there, so replays need
 // no new parameters. What a graph bakes in is its key (graph_key): buffer and mirror
-// addresses, and the attention grid's key bound, a power of two of the length. A change of
-// any of them (a buffer or mirror grown, the length past the next power of two) recaptures:
-// about log2(context) captures in a sequence's life. Mirror staleness is settled before
-// the replay (prepare() uploads outside the graph), so the replay always reads a mirror
-// that agrees with its host cache.
+// addresses, and the attention grid's key bound, a power of two of the length. A key not
+// seen before (a buffer or mirror grown, the length past the next power of two, another
+// sequence's mirrors) captures a new graph: about log2(context) captures in a sequence's
+// life. The last kMaxTokenGraphs graphs are kept by key, so sequences taking turns replay
+// their own. Mirror staleness is settled before the replay (prepare() uploads outside the
+// graph), so the replay always reads a mirror that agrees with its host cache.
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -91,7 +92,9 @@ class CudaBackend final : public DeviceBackend {
   void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
   void enqueue_head(int64_t first, int64_t n);
   std::vector<uintptr_t> graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys) const;
-  void capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys);
+  cudaGraphExec_t capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys);
+  cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
+                                  std::span<const Pending> pds, int64_t max_keys);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
@@ -115,8 +118,14 @@ class CudaBackend final : public DeviceBackend {
   std::vector<Pending> pending_;
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   int32_t* pos_host_ = nullptr;  // pinned source of that copy
-  cudaGraphExec_t token_graph_ = nullptr;
-  std::vector<uintptr_t> token_key_;
+  // Captured token graphs by key, most recent last: a few, so sequences that take turns on
+  // one backend (a server's slots) each keep theirs instead of recapturing every step.
+  struct TokenGraph {
+    std::vector<uintptr_t> key;
+    cudaGraphExec_t exec = nullptr;
+  };
+  static constexpr size_t kMaxTokenGraphs = 8;
+  std::vector<TokenGraph> token_graphs_;
   int64_t n_captures_ = 0;
 };
 
@@ -132,7 +141,7 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
-  if (token_graph_) cudaGraphExecDestroy(token_graph_);
+  for (TokenGraph& g : token_graphs_) cudaGraphExecDestroy(g.exec);
   FRINK_LOG_DEBUG("device: {} token graph capture(s)", n_captures_);
   cudaFree(pos_dev_);
   cudaFreeHost(pos_host_);
@@ -325,6 +334,7 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   const int64_t E = hp.n_embd, n = n_tok_;
   const int64_t q_w = p.n_head * p.head_dim_k, k_w = p.n_head_kv * p.head_dim_k, v_w = p.n_head_kv * p.head_dim_v;
   const bool ln = hp.norm == NormKind::kLayer;
+  FRINK_ASSERT(max_keys >= pos0_ + n, "attention grid for {} keys, {} needed", max_keys, pos0_ + n);
 
   // h = self.input_layernorm(x)
   norm_rows(d.attn_norm, x_.f(), h_.f(), n, E, E, ln);
@@ -455,10 +465,8 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors
   return key;
 }
 
-void CudaBackend::capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys) {
-  if (token_graph_) FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graph_));
-  token_graph_ = nullptr;
-  token_key_.clear();
+cudaGraphExec_t CudaBackend::capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds,
+                                           int64_t max_keys) {
   // ThreadLocal: only this thread's calls are checked for capture safety (the host thread
   // pool never touches CUDA).
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -469,14 +477,36 @@ void CudaBackend::capture_token(std::span<KvMirror* const> mirrors, std::span<co
     cudaGraph_t broken = nullptr;
     cudaStreamEndCapture(stream_, &broken);  // leave the stream usable; the error goes up
     if (broken) cudaGraphDestroy(broken);
+    cudaGetLastError();  // and leave no sticky error for the next launch check to misreport
     throw;
   }
   cudaGraph_t graph = nullptr;
   FRINK_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-  const cudaError_t inst = cudaGraphInstantiate(&token_graph_, graph, 0);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   FRINK_CUDA_CHECK(inst);
   ++n_captures_;
+  FRINK_LOG_DEBUG("device: token graph capture {} (key bound {} keys, {} cached)", n_captures_, max_keys,
+                  token_graphs_.size() + 1);
+  return exec;
+}
+
+cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
+                                             std::span<const Pending> pds, int64_t max_keys) {
+  for (size_t i = 0; i < token_graphs_.size(); ++i)
+    if (token_graphs_[i].key == key) {
+      std::rotate(token_graphs_.begin() + static_cast<std::ptrdiff_t>(i),
+                  token_graphs_.begin() + static_cast<std::ptrdiff_t>(i) + 1, token_graphs_.end());
+      return token_graphs_.back().exec;
+    }
+  cudaGraphExec_t exec = capture_token(mirrors, pds, max_keys);
+  if (token_graphs_.size() == kMaxTokenGraphs) {  // no replay is in flight: every token ends with a wait
+    FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graphs_.front().exec));
+    token_graphs_.erase(token_graphs_.begin());
+  }
+  token_graphs_.push_back({std::move(key), exec});
+  return exec;
 }
 
 void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits) {
@@ -502,15 +532,19 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   upload(x);
   std::vector<Pending> pds;
   for (int64_t il = 0; il < hp.n_layer; ++il) pds.push_back(add_pending(*caches[static_cast<size_t>(il)], *mirrors[static_cast<size_t>(il)]));
-  std::vector<uintptr_t> key = graph_key(mirrors, max_keys);
-  if (!token_graph_ || key != token_key_) {
-    capture_token(mirrors, pds, max_keys);
-    token_key_ = std::move(key);
+  try {
+    cudaGraphExec_t exec = token_graph_for(graph_key(mirrors, max_keys), mirrors, pds, max_keys);
+    FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+    flush();
+  } catch (...) {
+    // The booked rows never reached the host: forget them, so the error is this step's
+    // alone and the next batch starts clean (and the mirrors, not caught up, re-upload).
+    pending_.clear();
+    staging_used_ = 0;
+    throw;
   }
-  FRINK_CUDA_CHECK(cudaGraphLaunch(token_graph_, stream_));
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float),
-                                   cudaMemcpyDeviceToHost, stream_));
-  flush();
 }
 
 }  // namespace

@@ -93,6 +93,7 @@ void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* lo
     std::vector<KvCache*> caches;
     for (int64_t il = 0; il < hp.n_layer; ++il) caches.push_back(&s.cache(il));
     device_->run_token(pos0, x.data(), caches, logits_out);
+    ++whole_token_steps_;
     s.commit(tokens, n);
     return;
   }

@@ -39,6 +39,8 @@ class Decoder {
   bool on_device() const { return device_ != nullptr; }
   std::string device_description() const;
   const RefusalCounts& refusals() const { return refusals_; }
+  // Decode steps that ran as one device submission (DeviceBackend::run_token).
+  int64_t whole_token_steps() const { return whole_token_steps_; }
 
   // Appends tokens to the session and runs them. logits receives [n][n_vocab] when
   // all_logits, else the last token's [n_vocab]. Throws frink::Error, leaving the session
@@ -56,6 +58,7 @@ class Decoder {
   std::unique_ptr<DeviceBackend> device_;  // null: host only
   RefusalCounts refusals_;
   bool token_graph_ = false;  // decode steps go to DeviceBackend::run_token
+  int64_t whole_token_steps_ = 0;
 };
 
 }  // namespace frink

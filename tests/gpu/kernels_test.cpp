@@ -474,7 +474,9 @@ TEST(CudaKernels, AttentionMatchesReference) {
         }
       }
     Dev<float> dq(q), dk(k), dv(v), dout(ref.size()),
-        part(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd));
+        part(std::vector<float>(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd), 10.0f));
+    // part holds plausible leftovers (m = l = acc = 10), as the engine's scratch does from
+    // earlier layers: a merge that read a split nobody wrote would take them in.
     Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
     cuda::AttnParams p;
     p.q = dq.p;

@@ -29,6 +29,7 @@ struct ModelRun {
   std::vector<float> prefill, decode;
   std::vector<int32_t> greedy;
   RefusalCounts refusals;
+  int64_t whole_token_steps = 0;
 };
 
 // Prompt of n_prompt ids (a fixed pattern inside the vocabulary), batched prefill in chunks of
@@ -51,6 +52,7 @@ ModelRun run_model(const Model& m, DecoderOptions o, int n_prompt, int n_steps) 
   }
   r.greedy.push_back(next);
   r.refusals = dec.refusals();
+  r.whole_token_steps = dec.whole_token_steps();
   return r;
 }
 
@@ -148,15 +150,48 @@ INSTANTIATE_TEST_SUITE_P(Hf, HfParity,
 TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
   FRINK_REQUIRE_GPU();
   for (const char* rel : {"llamacpp/archs/qwen3-dense.gguf", "llamacpp/quant/llama-dense-Q4_K_M.gguf"}) {
-    if (!std::filesystem::exists(gpu_testdata() / rel)) continue;
+    FRINK_REQUIRE_GPU_DATA(rel);
     const auto m = load_model((gpu_testdata() / rel).string());
     DecoderOptions layered = opts(DeviceChoice::kCuda, 512);
     layered.hooks.no_token_graph = true;
     const ModelRun a = run_model(*m, opts(DeviceChoice::kCuda, 512), 500, 30);
     const ModelRun b = run_model(*m, layered, 500, 30);
+    EXPECT_EQ(a.whole_token_steps, 30) << rel << ": every decode step should be one graph replay";
+    EXPECT_EQ(b.whole_token_steps, 0) << rel;
     EXPECT_EQ(a.decode, b.decode) << rel;
     EXPECT_EQ(a.greedy, b.greedy) << rel;
   }
+}
+
+// Two sequences taking turns on one Decoder (a server's slots), each with its own mirrors and
+// so its own graph key, in the same power-of-two bucket: each step must read its own
+// sequence's mirrors and position, bit for bit what the layer-by-layer path gives.
+TEST(DeviceTokenGraph, SequencesTakingTurnsKeepTheirOwnState) {
+  FRINK_REQUIRE_GPU();
+  const char* rel = "llamacpp/archs/qwen3-dense.gguf";
+  FRINK_REQUIRE_GPU_DATA(rel);
+  const auto m = load_model((gpu_testdata() / rel).string());
+  const auto run = [&](bool graphs) {
+    DecoderOptions o = opts(DeviceChoice::kCuda, 512);
+    o.hooks.no_token_graph = !graphs;
+    Decoder dec(*m, o);
+    Session a(*m, 0), b(*m, 0);
+    std::vector<float> la, lb, all;
+    dec.eval(a, {1, 2, 3, 4, 5, 6, 7}, false, la);
+    dec.eval(b, {9, 8, 7}, false, lb);
+    for (int i = 0; i < 12; ++i) {  // different lengths, different histories
+      dec.eval(a, {greedy_token(la.data(), m->hp.n_vocab)}, false, la);
+      all.insert(all.end(), la.begin(), la.end());
+      dec.eval(b, {greedy_token(lb.data(), m->hp.n_vocab)}, false, lb);
+      all.insert(all.end(), lb.begin(), lb.end());
+    }
+    return std::make_pair(all, dec.whole_token_steps());
+  };
+  const auto [with_graphs, n_graph_steps] = run(true);
+  const auto [layered, n_layered_steps] = run(false);
+  EXPECT_EQ(n_graph_steps, 24);
+  EXPECT_EQ(n_layered_steps, 0);
+  EXPECT_EQ(with_graphs, layered);
 }
 
 // Forced refusal of any single layer (and of the head) gives the same result via the host.
