@@ -194,23 +194,31 @@ __global__ void __launch_bounds__(kPfQueries * 32) attn_prefill_kernel(AttnParam
 
 // One thread per float of the new rows; row t of the batch lands at mirror row *pos + t.
 __global__ void kv_append_kernel(const float* k, const float* v, int64_t k_w, int64_t v_w, int64_t n_tok,
-                                 const int32_t* pos, float* mk, float* mv) {
+                                 const int32_t* pos, float* mk, float* mv, float* sk, float* sv) {
   const int64_t w = k_w + v_w, row0 = *pos;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_tok * w; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / w, j = i % w;
-    if (j < k_w) mk[(row0 + t) * k_w + j] = k[t * k_w + j];
-    else mv[(row0 + t) * v_w + (j - k_w)] = v[t * v_w + (j - k_w)];
+    if (j < k_w) {
+      const float x = k[t * k_w + j];
+      mk[(row0 + t) * k_w + j] = x;
+      sk[t * k_w + j] = x;
+    } else {
+      const float x = v[t * v_w + (j - k_w)];
+      mv[(row0 + t) * v_w + (j - k_w)] = x;
+      sv[t * v_w + (j - k_w)] = x;
+    }
   }
 }
 
 }  // namespace
 
 void launch_kv_append(const float* k, const float* v, int64_t k_width, int64_t v_width, int64_t n_tok,
-                      const int32_t* pos, float* mirror_k, float* mirror_v, cudaStream_t stream) {
+                      const int32_t* pos, float* mirror_k, float* mirror_v, float* stage_k, float* stage_v,
+                      cudaStream_t stream) {
   const int64_t n = n_tok * (k_width + v_width);
   if (n == 0) return;
   kv_append_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 16)), 256, 0, stream>>>(
-      k, v, k_width, v_width, n_tok, pos, mirror_k, mirror_v);
+      k, v, k_width, v_width, n_tok, pos, mirror_k, mirror_v, stage_k, stage_v);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

@@ -45,9 +45,11 @@ size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int6
 void launch_attention(const AttnParams& p);
 
 // The batch's new K/V rows ([n_tok][k_width], [n_tok][v_width]) into the mirror at rows
-// [*pos, *pos + n_tok). A kernel rather than a memcpy because the destination moves with
-// the position, which a replayed graph reads from device memory.
+// [*pos, *pos + n_tok), and the same rows to stage_k/stage_v ([n_tok][width], on their way to
+// the host cache). A kernel rather than a memcpy because the destination moves with the
+// position, which a replayed graph reads from device memory.
 void launch_kv_append(const float* k, const float* v, int64_t k_width, int64_t v_width, int64_t n_tok,
-                      const int32_t* pos, float* mirror_k, float* mirror_v, cudaStream_t stream);
+                      const int32_t* pos, float* mirror_k, float* mirror_v, float* stage_k, float* stage_v,
+                      cudaStream_t stream);
 
 }  // namespace frink::cuda

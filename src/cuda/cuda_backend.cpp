@@ -4,9 +4,10 @@
 // all enqueued on one stream; nothing waits until the Decoder needs the residual or the
 // logits on the host, so a token whose layers all run here costs one wait.
 //
-// K/V copy-back: each layer's new rows go device -> pinned staging in the same stream; the
-// wait in download()/output_logits() then appends them to their host caches and marks the
-// mirrors caught up. Host caches are behind only between a run_layer and that wait, and
+// K/V copy-back: the K/V append kernel writes each layer's new rows into the mirror and into a
+// device staging buffer (dstage_); flush() copies what was staged to pinned host staging in
+// ONE copy (v1 made two per layer: 64 copy nodes in a token's graph), waits, appends the rows
+// to their host caches and marks the mirrors caught up. Host caches are behind only between a run_layer and that wait, and
 // nothing reads them in between (a host layer reads only its own cache).
 //
 // The whole token (run_token): a decode step whose layers and head all run here is ONE
@@ -114,7 +115,8 @@ class CudaBackend final : public DeviceBackend {
   DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
   size_t scratch_elems_ = 0;
   float* staging_ = nullptr;  // pinned: new K/V rows on their way to the host caches
-  size_t staging_floats_ = 0, staging_used_ = 0;
+  DevBuf dstage_;             // the same rows on the device, at the same offsets
+  size_t staging_floats_ = 0, staging_used_ = 0, staging_landed_ = 0;
   std::vector<Pending> pending_;
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   int32_t* pos_host_ = nullptr;  // pinned source of that copy
@@ -198,7 +200,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
     FRINK_CUDA_CHECK(cudaMallocHost(&staging_, need * sizeof(float)));
     staging_floats_ = need;
   }
-  staging_used_ = 0;
+  dstage_.ensure(need * sizeof(float));
+  staging_used_ = staging_landed_ = 0;
   // Every batch that ran device work ended with a wait, so no earlier copy still reads
   // pos_host_; one that ran none only left a copy of a value nobody read.
   FRINK_ASSERT(pos0 <= INT32_MAX, "position {} past the device's 32-bit positions", pos0);
@@ -218,6 +221,10 @@ void CudaBackend::download(float* x) {
 }
 
 void CudaBackend::flush() {
+  if (staging_used_ > staging_landed_)
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + staging_landed_, dstage_.f() + staging_landed_,
+                                     (staging_used_ - staging_landed_) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  staging_landed_ = staging_used_;
   FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (const Pending& pd : pending_) {
     const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
@@ -386,10 +393,8 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     launch_rope(r);
   }
   // The new rows: into the mirror at pos0, and back to the host cache (landed by flush()).
-  launch_kv_append(k_.f(), v_.f(), k_w, v_w, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), stream_);
-  const size_t kb = static_cast<size_t>(n * k_w) * sizeof(float), vb = static_cast<size_t>(n * v_w) * sizeof(float);
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + pd.k_off, k_.p, kb, cudaMemcpyDeviceToHost, stream_));
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + pd.v_off, v_.p, vb, cudaMemcpyDeviceToHost, stream_));
+  launch_kv_append(k_.f(), v_.f(), k_w, v_w, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), dstage_.f() + pd.k_off,
+                   dstage_.f() + pd.v_off, stream_);
 
   // attn_output = softmax(q k^T * scale + mask) v, against the mirror rows [0, pos0 + t]
   AttnParams a;
@@ -457,6 +462,7 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors
                           &logits_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
   key.push_back(reinterpret_cast<uintptr_t>(staging_));
+  key.push_back(reinterpret_cast<uintptr_t>(dstage_.p));
   key.push_back(static_cast<uintptr_t>(max_keys));
   for (KvMirror* mr : mirrors) {
     key.push_back(reinterpret_cast<uintptr_t>(mr->k_rows(0)));
@@ -542,7 +548,7 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
     // The booked rows never reached the host: forget them, so the error is this step's
     // alone and the next batch starts clean (and the mirrors, not caught up, re-upload).
     pending_.clear();
-    staging_used_ = 0;
+    staging_used_ = staging_landed_ = 0;
     throw;
   }
 }

@@ -502,7 +502,7 @@ TEST(CudaKernels, AttentionMatchesReference) {
 }
 
 // The K/V append lands row t of the batch at mirror row pos + t, K and V of different
-// widths, and touches no other row.
+// widths, touches no other row, and stages the rows for the host.
 TEST(CudaKernels, KvAppendWritesRowsAtDevicePosition) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(17);
@@ -511,7 +511,10 @@ TEST(CudaKernels, KvAppendWritesRowsAtDevicePosition) {
   const auto mk0 = random_floats(rng, cap * kw), mv0 = random_floats(rng, cap * vw);
   Dev<float> dk(k), dv(v), dmk(mk0), dmv(mv0);
   Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(pos)});
-  cuda::launch_kv_append(dk.p, dv.p, kw, vw, n_tok, dpos.p, dmk.p, dmv.p, nullptr);
+  Dev<float> dsk(static_cast<size_t>(n_tok * kw)), dsv(static_cast<size_t>(n_tok * vw));
+  cuda::launch_kv_append(dk.p, dv.p, kw, vw, n_tok, dpos.p, dmk.p, dmv.p, dsk.p, dsv.p, nullptr);
+  EXPECT_EQ(dsk.get(), k);  // the staged copy for the host, row for row
+  EXPECT_EQ(dsv.get(), v);
   const auto mk = dmk.get(), mv = dmv.get();
   std::vector<float> ek = mk0, ev = mv0;
   std::copy(k.begin(), k.end(), ek.begin() + pos * kw);
