@@ -1,10 +1,12 @@
 #include "engine/bench.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <map>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -116,6 +118,23 @@ BenchRow bench_tg(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_
 
 int resolve_threads(int n) { return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
+// The layer of a tensor stacked per expert ("blk.3.ffn_up_exps.weight", and the stack's
+// .bias, .scale and any other per-expert companion), or -1 for every other tensor. The
+// shared expert (ffn_*_shexp) and the router (ffn_gate_inp) are read whole by every token.
+int64_t expert_stack_layer(std::string_view name) {
+  static constexpr std::string_view kStacks[] = {"ffn_gate_exps.", "ffn_up_exps.", "ffn_down_exps.",
+                                                 "ffn_gate_up_exps."};
+  if (!name.starts_with("blk.")) return -1;
+  name.remove_prefix(4);
+  int64_t layer = -1;
+  const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), layer);
+  if (ec != std::errc() || end == name.data() + name.size() || *end != '.') return -1;
+  name.remove_prefix(static_cast<size_t>(end - name.data()) + 1);
+  for (std::string_view s : kStacks)
+    if (name.starts_with(s)) return layer;
+  return -1;
+}
+
 }  // namespace
 
 BenchModelInfo bench_model_info(const Model& m, int n_threads) {
@@ -125,9 +144,20 @@ BenchModelInfo bench_model_info(const Model& m, int n_threads) {
     info.size_bytes += t.n_bytes;
     info.n_params += t.n_elements();
     // A decode step reads every tensor once, except token_embd: one row (unless it is also
-    // the output matrix, which reads it whole).
-    if (&t == embd && m.w.output.w != embd) info.weight_bytes_per_token += t.row_bytes();
-    else info.weight_bytes_per_token += t.n_bytes;
+    // the output matrix, which reads it whole), and a mixture of experts' stacked expert
+    // tensors: only the n_expert_used experts the router picks, n_expert_used / n_expert of
+    // each stack.
+    const int64_t il = expert_stack_layer(t.name);
+    const LayerPlan* plan =
+        il >= 0 && il < static_cast<int64_t>(m.hp.layers.size()) ? &m.hp.layers[static_cast<size_t>(il)] : nullptr;
+    if (&t == embd && m.w.output.w != embd) {
+      info.weight_bytes_per_token += t.row_bytes();
+    } else if (plan && plan->ffn == FfnKind::kMoe && plan->moe.n_expert > 0) {
+      info.weight_bytes_per_token +=
+          t.n_bytes * static_cast<uint64_t>(plan->moe.n_expert_used) / static_cast<uint64_t>(plan->moe.n_expert);
+    } else {
+      info.weight_bytes_per_token += t.n_bytes;
+    }
   }
   info.desc = fmt::format("{} {} {}", m.hp.arch, size_label(info.n_params), ftype_name(m));
   info.n_threads = resolve_threads(n_threads);

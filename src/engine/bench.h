@@ -7,8 +7,9 @@
 // back to `depth`, which restores exactly the filled cache. A rate is tokens / wall seconds
 // of the whole run (every eval, sampling included), reported as mean and sample stddev over
 // the runs. Weight bytes per token count every tensor a decode step reads (all layer
-// weights and the output matrix, one row of token_embd); a tg rate times that is the
-// effective bandwidth.
+// weights and the output matrix, one row of token_embd; of a mixture of experts' stacked
+// expert tensors only the n_expert_used / n_expert share the chosen experts hold); a tg rate
+// times that is the effective bandwidth.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,7 @@ struct BenchModelInfo {
   std::string desc;                       // "llama 1B Q4_0", like llama_model_desc
   uint64_t size_bytes = 0;                // all tensor data
   int64_t n_params = 0;
-  uint64_t weight_bytes_per_token = 0;
+  uint64_t weight_bytes_per_token = 0;    // what one decode token reads (see the top)
   std::string backend = "CPU";
   int n_threads = 0;
 };
