@@ -3,6 +3,7 @@
 // so one Vocab serves any number of threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -10,6 +11,15 @@
 #include "tokenizer/vocab.h"
 
 namespace frink::tok {
+
+// One symbol of the merge loops spm_tokenize and bpe_tokenize share (llama.cpp's
+// llm_symbol): a span of the text being split, in a doubly linked list of its symbols.
+// A merge grows the left symbol and empties the right one (n == 0).
+struct Symbol {
+  int prev, next;      // neighbours' indices, -1 at either end
+  const char* text;    // into the text being tokenized
+  size_t n;            // bytes
+};
 
 // SentencePiece BPE (llama.cpp llm_tokenizer_spm_session): `text` already has spaces
 // escaped to U+2581; merges the adjacent pair whose merged text is the highest-scoring token,

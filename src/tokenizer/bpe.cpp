@@ -14,12 +14,6 @@ namespace frink::tok {
 
 namespace {
 
-struct Symbol {
-  int prev, next;
-  const char* text;
-  size_t n;
-};
-
 struct Bigram {
   int left, right;
   int rank;
