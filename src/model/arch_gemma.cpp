@@ -7,9 +7,16 @@
 
 #include "core/error.h"
 #include "model/arch_common.h"
+#include "model/arch_gemma.h"
 #include "model/model.h"
 
 namespace frink::arch {
+
+int64_t gemma_query_pre_attn_scalar(std::string_view arch, int64_t n_layer, int64_t n_embd, int64_t n_head,
+                                    int64_t head_dim) {
+  const int64_t big_layers = arch == "gemma2" ? 46 : arch == "gemma3" ? 62 : -1;
+  return n_layer == big_layers ? n_embd / n_head : head_dim;
+}
 
 namespace {
 
@@ -32,11 +39,11 @@ void set_window_pattern(const Metadata& meta, Hparams& hp, int64_t default_patte
     if (il % pattern < pattern - 1) hp.layers[static_cast<size_t>(il)].window = window;
 }
 
-// llama.cpp: 1/sqrt(head_dim), except Gemma 2/3 27B (46 / 62 layers), whose query scale is
-// 1/sqrt(n_embd / n_head) (HF's query_pre_attn_scalar).
-void set_query_scale(Hparams& hp, int64_t big_layers) {
+// 1/sqrt(query_pre_attn_scalar) on every layer (arch_gemma.h); attention.scale is not read.
+void set_query_scale(Hparams& hp) {
   for (auto& p : hp.layers)
-    if (hp.n_layer == big_layers) p.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd / p.n_head));
+    p.attn_scale = 1.0f / std::sqrt(static_cast<float>(
+                              gemma_query_pre_attn_scalar(hp.arch, hp.n_layer, hp.n_embd, p.n_head, p.head_dim_k)));
 }
 
 void read_gemma_common(const Metadata& meta, Hparams& hp) {
@@ -59,7 +66,7 @@ void read_gemma2(const Metadata& meta, Hparams& hp) {
   // already set; attention.scale in the file is not read.
   for (auto& p : hp.layers) p.attn_softcap = attn_cap;
   set_window_pattern(meta, hp, 2);
-  set_query_scale(hp, 46);
+  set_query_scale(hp);
 }
 
 void read_gemma3(const Metadata& meta, Hparams& hp) {
@@ -67,7 +74,7 @@ void read_gemma3(const Metadata& meta, Hparams& hp) {
   const float base_swa = static_cast<float>(meta.try_float(key(hp, "rope.freq_base_swa")).value_or(10000.0));
   for (auto& p : hp.layers) p.qk_norm = true;
   set_window_pattern(meta, hp, 6);
-  set_query_scale(hp, 62);
+  set_query_scale(hp);
   // Local layers use their own base and no position scaling (HF's rope_local_base_freq).
   for (auto& p : hp.layers)
     if (p.window > 0) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/arch_gemma.h"
 #include "model/hf_delta_net.h"
 #include "quant/quant.h"
 
@@ -365,9 +366,9 @@ void translate_hf_model(ModelFile& file) {
       meta.set(a + ".attention.sliding_window_pattern", MetaValue::of_array(GgufType::BOOL, std::move(pattern)));
     }
     const double qpas = num(cfg, "query_pre_attn_scalar", static_cast<double>(head_dim));
-    // llama.cpp derives Gemma's query scale from the shape (src/model/arch_gemma.cpp), which
-    // covers every released model; a config that disagrees is refused, not silently misread.
-    const double expected = n_layer == (model_type == "gemma2" ? 46 : 62) ? static_cast<double>(n_embd / n_head) : static_cast<double>(head_dim);
+    // llama.cpp derives Gemma's query scale from the shape (arch::gemma_query_pre_attn_scalar);
+    // a config that disagrees is refused, not silently misread.
+    const double expected = static_cast<double>(arch::gemma_query_pre_attn_scalar(a, n_layer, n_embd, n_head, head_dim));
     if (qpas != expected)
       fail("{}: query_pre_attn_scalar {} differs from the {} frink derives from the shape", file.path(), qpas, expected);
     if (cfg.contains("attn_logit_softcapping")) set_f("attn_logit_softcapping", num(cfg, "attn_logit_softcapping", 0.0));
