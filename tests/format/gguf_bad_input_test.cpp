@@ -6,25 +6,18 @@
 #include "format/gguf_writer.h"
 #include "format/model_file.h"
 #include "gguf_bytes.h"
+#include "support/test_support.h"
 
 namespace frink {
 namespace {
 
 using test::Bytes;
 
-// Parses `b` from an exactly sized heap copy and returns the error line ("" when it loads).
-std::string error_of(const std::vector<uint8_t>& b) {
-  std::vector<uint8_t> copy(b);
-  try {
-    ModelFile::from_gguf_bytes(copy.data(), copy.size(), "bad.gguf");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+// The reader test::error_of runs: every image is named "bad.gguf".
+void read_gguf(const uint8_t* data, size_t n) { ModelFile::from_gguf_bytes(data, n, "bad.gguf"); }
 
 void expect_error(const std::vector<uint8_t>& b, const std::string& needle) {
-  std::string err = error_of(b);
+  std::string err = test::error_of(b, read_gguf);
   ASSERT_FALSE(err.empty()) << "expected an error containing \"" << needle << "\"";
   EXPECT_NE(err.find(needle), std::string::npos) << err;
   EXPECT_EQ(err.rfind("bad.gguf", 0), 0u) << err;
@@ -54,10 +47,10 @@ TEST(GgufBadInput, EveryTruncation) {
   w.add_tensor("w0", GgmlType::F32, {8}, d.data(), 32);
   w.add_tensor("w1", GgmlType::F32, {8}, d.data(), 32);  // 32 bytes: the file ends with no padding
   auto full = w.to_bytes();
-  ASSERT_EQ(error_of(full), "");
+  ASSERT_EQ(test::error_of(full, read_gguf), "");
   for (size_t n = 0; n < full.size(); ++n) {
     std::vector<uint8_t> prefix(full.begin(), full.begin() + static_cast<long>(n));
-    std::string err = error_of(prefix);
+    std::string err = test::error_of(prefix, read_gguf);
     ASSERT_FALSE(err.empty()) << "prefix of " << n << " bytes loaded";
     ASSERT_EQ(err.find('\n'), std::string::npos);
   }
@@ -69,7 +62,7 @@ TEST(GgufBadInput, MagicAndVersion) {
   expect_error(header(0, 0, 1).b, "version 1");
   expect_error(header(0, 0, 99).b, "version 99");
   expect_error(header(0, 0, 0x03000000).b, "big-endian");
-  EXPECT_EQ(error_of(header(0, 0, 2).b), "");  // v2 has the same layout as v3
+  EXPECT_EQ(test::error_of(header(0, 0, 2).b, read_gguf), "");  // v2 has the same layout as v3
 }
 
 TEST(GgufBadInput, AbsurdCounts) {
@@ -94,7 +87,7 @@ TEST(GgufBadInput, TensorInfos) {
     tensor_info(b, "t", ne, type, offset);
     return b.pad_to(32).zeros(64).b;
   };
-  EXPECT_EQ(error_of(one({16}, 0, 0)), "");
+  EXPECT_EQ(test::error_of(one({16}, 0, 0), read_gguf), "");
   expect_error(one({1, 1, 1, 1, 1}, 0, 0), "5 dimensions");
   expect_error(one({4, 0}, 0, 0), "dimension 1 = 0");
   expect_error(one({1ull << 40, 1ull << 40}, 0, 0), "overflows");
@@ -121,7 +114,7 @@ TEST(GgufBadInput, Alignment) {
     if (type == 4) b.u32(static_cast<uint32_t>(a)); else b.u64(a);
     return b.b;
   };
-  EXPECT_EQ(error_of(with_alignment(4, 64)), "");
+  EXPECT_EQ(test::error_of(with_alignment(4, 64), read_gguf), "");
   expect_error(with_alignment(4, 0), "power of two");
   expect_error(with_alignment(4, 48), "power of two");
   expect_error(Bytes(header(0, 1).str("general.alignment").u32(8).str("x")).b, "expected u32");

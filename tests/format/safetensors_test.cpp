@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "format/model_file.h"
 #include "gguf_bytes.h"
+#include "support/test_support.h"
 
 namespace frink {
 namespace {
@@ -17,18 +18,11 @@ std::vector<uint8_t> st_file(const std::string& header, size_t data_bytes, uint8
   return out;
 }
 
-std::string error_of(const std::vector<uint8_t>& b) {
-  std::vector<uint8_t> copy(b);
-  try {
-    ModelFile::from_safetensors_bytes(copy.data(), copy.size(), "bad.safetensors");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+// The reader test::error_of runs: every file is named "bad.safetensors".
+void read_safetensors(const uint8_t* data, size_t n) { ModelFile::from_safetensors_bytes(data, n, "bad.safetensors"); }
 
 void expect_error(const std::vector<uint8_t>& b, const std::string& needle) {
-  std::string err = error_of(b);
+  std::string err = test::error_of(b, read_safetensors);
   ASSERT_FALSE(err.empty()) << "expected an error containing \"" << needle << "\"";
   EXPECT_NE(err.find(needle), std::string::npos) << err;
   EXPECT_NE(err.find("bad.safetensors"), std::string::npos) << err;
@@ -109,7 +103,7 @@ TEST(SafeTensors, EmptyFolderIsAnError) {
 }
 
 TEST(SafeTensors, BadInput) {
-  EXPECT_EQ(error_of(st_file(kHeader, 36)), "");
+  EXPECT_EQ(test::error_of(st_file(kHeader, 36), read_safetensors), "");
   expect_error(st_file(R"({"a":)", 0), "broken JSON");
   expect_error(st_file("[1,2]", 0), "not a JSON object");
   expect_error({1, 2, 3}, "too short");

@@ -1,5 +1,6 @@
 // Helpers every test binary shares: where the third-party data lives, reading raw f32
-// fixtures, and the normalised error DESIGN.md section 6 uses for logits.
+// fixtures, the normalised error DESIGN.md section 6 uses for logits, and the error line a
+// reader gives for broken bytes.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "core/error.h"
 
 namespace frink::test {
 
@@ -26,6 +29,20 @@ std::string read_text_file(const std::filesystem::path& p);
 
 // sum((a-b)^2) / sum(b^2), accumulated in double; b is the reference.
 double nmse(const float* a, const float* b, size_t n);
+
+// Reads `bytes` with read(data, n_bytes) and returns the line of the frink::Error it throws,
+// or "" when it reads them cleanly. The reader sees an exactly sized heap copy, so a read
+// past the end is an AddressSanitizer error rather than a read of spare capacity.
+template <typename Read>
+std::string error_of(const std::vector<uint8_t>& bytes, Read&& read) {
+  std::vector<uint8_t> copy(bytes);
+  try {
+    read(copy.data(), copy.size());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // Runs `frink ARGS` (the built binary), returning exit code and captured stdout/stderr.
 struct CommandResult {
