@@ -147,8 +147,9 @@ __global__ void bias_scale_kernel(Args a, int64_t n_tok) {
 
 // The host's activation formats (quant/quant.h vec_dot_type), emulated value for value:
 // kQ8Blocks = quantize_q8_0/q8_1 then dequantize (d rounded to f16), kQ8K = quantize_q8_k.
-// kActDp4a: x quantized to int8 Q8_0 blocks plus f32 scales for the dp4a kernel.
-enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16, kActDp4a };
+// kActDp4a: x quantized to int8 Q8_0 blocks plus f32 scales for the dp4a kernel;
+// kActDp4aK: to int8 Q8_K blocks (f32 scale per 256, int sums per 32) for the K-quant one.
+enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16, kActDp4a, kActDp4aK };
 
 constexpr ActRound act_round_for(int type) {
   switch (type) {
@@ -371,6 +372,196 @@ void matvec_q8_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
   }
 }
 
+// dp4a path for Q4_K and Q6_K (the types of a Q4_K_M file), used when act_round is given: x is
+// quantized once per matmul to int8 Q8_K blocks with the host's rule (iscale = -127 / the
+// signed value of largest magnitude, q = min(127, rint(iscale x)), d = 1 / iscale), and the
+// kernels do the host's vec_dot_q4_K_q8_K / q6_K_q8_K arithmetic: integer dots per sub-block
+// weighted by the integer sub-block scales, one float scale per super-block, Q4_K's min term
+// from the activation's per-32 sums. v1 (the generic kernel: dequantize to f32, round x to
+// Q8_K values in f32, f32 FMAs) read 4 bytes of activation per weight element.
+//
+// Activation layout in act_round (bytes): int8 q [n_tok][n_in], then float d [n_tok][n_in/256],
+// then int32 sum [n_tok][n_in/32]: at most 1.14 bytes per element of the 4 available.
+struct Q8KAct {
+  int8_t* q;
+  float* d;
+  int32_t* sum;
+};
+
+Q8KAct q8k_act(const MatmulParams& p) {
+  int8_t* q = reinterpret_cast<int8_t*>(p.act_round);
+  float* d = reinterpret_cast<float*>(q + p.n_tok * p.n_in);
+  int32_t* sum = reinterpret_cast<int32_t*>(d + p.n_tok * (p.n_in / 256));
+  return {q, d, sum};
+}
+
+__device__ __forceinline__ int warp_isum(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One warp per 256-block; lane j holds elements j + 32 k, so element sub-block (32) k is the
+// warp's k-th column and its sum one warp reduction.
+__global__ void quantize_q8k_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, Q8KAct a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n_blk = n_in / 256;
+  const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  if (g >= n_blk * n_tok) return;
+  const int64_t t = g / n_blk, b = g % n_blk;
+  const float* xs = x + t * x_stride + b * 256;
+  float v[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = xs[lane + 32 * k];
+  float amax = 0.0f, mx = 0.0f;
+  int idx = INT32_MAX;
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    if (fabsf(v[k]) > amax) {
+      amax = fabsf(v[k]);
+      mx = v[k];
+      idx = lane + 32 * k;
+    }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float a2 = __shfl_xor_sync(0xffffffffu, amax, off), m2 = __shfl_xor_sync(0xffffffffu, mx, off);
+    const int i2 = __shfl_xor_sync(0xffffffffu, idx, off);
+    if (a2 > amax || (a2 == amax && i2 < idx)) {
+      amax = a2;
+      mx = m2;
+      idx = i2;
+    }
+  }
+  int8_t* q = a.q + t * n_in + b * 256;
+  int32_t* sum = a.sum + t * (n_in / 32) + b * 8;
+  const float iscale = amax == 0.0f ? 0.0f : -127.f / mx;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int qi = amax == 0.0f ? 0 : static_cast<int>(fminf(127.0f, rintf(iscale * v[k])));
+    q[lane + 32 * k] = static_cast<int8_t>(qi);
+    const int s = warp_isum(qi);
+    if (lane == 0) sum[k] = s;
+  }
+  if (lane == 0) a.d[t * n_blk + b] = amax == 0.0f ? 0.0f : 1 / iscale;
+}
+
+__device__ __forceinline__ int ld_i32(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
+
+// Q4_K: 8 lanes per 144-byte super-block; lane k takes qs bytes [16k, 16k + 16) (one 16-byte
+// load: a super-block starts 16-byte aligned, and its qs at +16), i.e. elements l in
+// [16 (k % 2), + 16) of sub-blocks 2 (k / 2) (low nibbles) and 2 (k / 2) + 1 (high nibbles).
+template <int NT>
+__global__ void __launch_bounds__(kQWarps * 32) matvec_q4k_kernel(Args a, Q8KAct x) {
+  const int lane = threadIdx.x % 32, k = lane % 8, g = k / 2, l0 = 16 * (k % 2);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
+  if (row >= a.n_out) return;
+  const uint8_t* wr = a.w + row * a.row_bytes;
+  const int64_t n_sb = a.n_in / 256;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  for (int64_t ib = lane / 8; ib < n_sb; ib += 4) {
+    const uint8_t* b = wr + ib * 144;
+    const float dw = h2f(b), dminw = h2f(b + 2);
+    int sc_lo, m_lo, sc_hi, m_hi;
+    scale_min_k4(2 * g, b + 4, sc_lo, m_lo);
+    scale_min_k4(2 * g + 1, b + 4, sc_hi, m_hi);
+    const int4 qv = *reinterpret_cast<const int4*>(b + 16 + 16 * k);
+    const int w[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* xq = x.q + t * a.n_in + ib * 256;
+      int s_lo = 0, s_hi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s_lo = __dp4a(w[i] & 0x0F0F0F0F, ld_i32(xq + 32 * (2 * g) + l0 + 4 * i), s_lo);
+        s_hi = __dp4a((w[i] >> 4) & 0x0F0F0F0F, ld_i32(xq + 32 * (2 * g + 1) + l0 + 4 * i), s_hi);
+      }
+      const float dx = x.d[t * n_sb + ib];
+      const int32_t* xs = x.sum + t * (a.n_in / 32) + ib * 8;
+      const int summ = k % 2 == 0 ? m_lo * xs[2 * g] + m_hi * xs[2 * g + 1] : 0;  // once per sub-block pair
+      acc[t] += (dx * dw) * static_cast<float>(sc_lo * s_lo + sc_hi * s_hi) - (dx * dminw) * static_cast<float>(summ);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
+  }
+}
+
+// Q6_K: 16 lanes per 210-byte super-block (only 2-byte aligned: 2-byte loads); lane k takes
+// half h = k / 8 and elements l in [l4, l4 + 4), l4 = 4 (k % 8), of each quarter (+0, +32,
+// +64, +96) of that half: 4 bytes of ql at l4 and at 32 + l4, 4 bytes of qh at l4.
+template <int NT>
+__global__ void __launch_bounds__(kQWarps * 32) matvec_q6k_kernel(Args a, Q8KAct x) {
+  const int lane = threadIdx.x % 32, k = lane % 16, h = k / 8, l4 = 4 * (k % 8);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
+  if (row >= a.n_out) return;
+  const uint8_t* wr = a.w + row * a.row_bytes;
+  const int64_t n_sb = a.n_in / 256;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  for (int64_t ib = lane / 16; ib < n_sb; ib += 2) {
+    const uint8_t* b = wr + ib * 210;
+    const uint8_t* ql = b + 64 * h;
+    const uint8_t* qh = b + 128 + 32 * h;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float dw = h2f(b + 208);
+    const int qa = ld_i32_a2(ql + l4), qb = ld_i32_a2(ql + 32 + l4), qhw = ld_i32_a2(qh + l4);
+    // Six-bit values 0..63 per byte, minus 32 per byte (__vsub4 wraps per byte: two's complement int8).
+    const int w[4] = {__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020),
+                      __vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020),
+                      __vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020),
+                      __vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020)};
+    // Element e = 128 h + 32 i + l lies in 16-element sub-block j = 8 h + 2 i + l4 / 16.
+    int scj[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) scj[i] = sc[8 * h + 2 * i + l4 / 16];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* xq = x.q + t * a.n_in + ib * 256 + 128 * h + l4;
+      int sumi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sumi += scj[i] * __dp4a(w[i], ld_i32(xq + 32 * i), 0);
+      acc[t] += (x.d[t * n_sb + ib] * dw) * static_cast<float>(sumi);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
+  }
+}
+
+template <int T>
+void matvec_q8k_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
+  const Q8KAct x = q8k_act(p);
+  if (!x_ready) {
+    const int64_t n_warps = p.n_tok * (p.n_in / 256);
+    quantize_q8k_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
+                                                                                        p.n_tok, x);
+    FRINK_CUDA_CHECK_LAUNCH();
+  }
+  const dim3 grid(static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps));
+  for (int64_t t0 = 0; t0 < p.n_tok;) {
+    Args a = a0;
+    a.y = p.y + t0 * p.y_stride;
+    const Q8KAct xt{x.q + t0 * p.n_in, x.d + t0 * (p.n_in / 256), x.sum + t0 * (p.n_in / 32)};
+    const int64_t step = p.n_tok - t0 >= 4 ? 4 : 1;
+    if constexpr (T == kQ4_K) {
+      if (step == 4) matvec_q4k_kernel<4><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
+      else matvec_q4k_kernel<1><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
+    } else {
+      if (step == 4) matvec_q6k_kernel<4><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
+      else matvec_q6k_kernel<1><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
+    }
+    FRINK_CUDA_CHECK_LAUNCH();
+    t0 += step;
+  }
+}
+
 void blas_check(cublasStatus_t st, const char* file, int line) {
   if (st != CUBLAS_STATUS_SUCCESS) cuda_failed("cublasGemmEx", cublasGetStatusString(st), file, line);
 }
@@ -413,6 +604,7 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
 ActRound act_prep_for(const MatmulParams& p) {
   if (!p.act_round) return kActNone;
   if ((p.type == kQ4_0 || p.type == kQ8_0) && p.n_tok <= kMatvecMaxTok && p.n_in % 32 == 0) return kActDp4a;
+  if ((p.type == kQ4_K || p.type == kQ6_K) && p.n_tok <= kMatvecMaxTok && p.n_in % 256 == 0) return kActDp4aK;
   return act_round_for(p.type);
 }
 
@@ -426,6 +618,14 @@ void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
       const Args a{static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
                    p.x, p.y, p.bias, p.scale, p.bias_before_scale};
       matvec_q8_launch<T>(p, a, x_ready);
+      return;
+    }
+  }
+  if constexpr (T == kQ4_K || T == kQ6_K) {
+    if (kind == kActDp4aK) {
+      const Args a{static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
+                   p.x, p.y, p.bias, p.scale, p.bias_before_scale};
+      matvec_q8k_launch<T>(p, a, x_ready);
       return;
     }
   }

@@ -116,7 +116,8 @@ TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
 }
 
 // act_round for every type: the activation is first rounded to the host's vec_dot_type
-// (Q8_0/Q8_1 blocks, Q8_K, f16, bf16) exactly as the host rounds it, so the product equals
+// (Q8_0/Q8_1 blocks, Q8_K, f16, bf16) exactly as the host rounds it (int8 for the dp4a
+// kernels of Q4_0, Q8_0, Q4_K and Q6_K), so the product equals
 // the host's dequantized weights dotted with the host-rounded activation: up to f32
 // summation order on the matrix-vector path (1e-9), plus f16 operands on the cuBLAS path
 // (1e-5). Inputs include an exact tie of largest magnitude with opposite signs and an
@@ -126,7 +127,9 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
   std::mt19937 rng(23);
   cublasHandle_t blas;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
-  const std::vector<MatCase> cases = {{256, 9, 1, false}, {512, 33, 3, true}, {768, 20, 12, false}};
+  // n_tok 5 = one 4-token and one 1-token launch; 12 takes the cuBLAS path.
+  const std::vector<MatCase> cases = {{256, 9, 1, false}, {512, 33, 3, true}, {768, 20, 12, false},
+                                      {4096, 40, 5, true}};
   for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                      GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
