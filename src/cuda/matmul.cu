@@ -511,10 +511,10 @@ __global__ void __launch_bounds__(kQWarps * 32) matvec_q6k_kernel(Args a, Q8KAct
     const float dw = h2f(b + 208);
     const int qa = ld_i32_a2(ql + l4), qb = ld_i32_a2(ql + 32 + l4), qhw = ld_i32_a2(qh + l4);
     // Six-bit values 0..63 per byte, minus 32 per byte (__vsub4 wraps per byte: two's complement int8).
-    const int w[4] = {__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020),
-                      __vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020),
-                      __vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020),
-                      __vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020)};
+    const int w[4] = {static_cast<int>(__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020)),
+                      static_cast<int>(__vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020)),
+                      static_cast<int>(__vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020)),
+                      static_cast<int>(__vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020))};
     // Element e = 128 h + 32 i + l lies in 16-element sub-block j = 8 h + 2 i + l4 / 16.
     int scj[4];
 #pragma unroll
