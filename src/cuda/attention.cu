@@ -107,89 +107,145 @@ __global__ void attn_merge_kernel(AttnParams p, int64_t n_split) {
   }
 }
 
-// Causal prefill attention, tiled (flash-attention's loop on CUDA cores, f32): a block of
-// kPfQueries warps holds kPfQueries consecutive queries of one head, one query per warp, and
-// walks the keys in tiles of 32 that all its warps load once into shared memory and share.
-// The split-K kernel above re-reads every key from L2 for every query: at pp512 on the H200
-// that was 917 us per layer (28.9% of the batch's kernel time, ncu), bound by L2 traffic.
+// Tiled attention (flash-attention's loop on CUDA cores, f32), for prefill and for grouped
+// decode: a block of kTileWarps warps holds up to kTileWarps query rows that read the same
+// KV head, one per warp, and walks their keys in tiles of 32 that the whole block loads once
+// into shared memory. The split-K kernel above re-reads every key from L2 for every query
+// row: at pp512 on the H200 that was 917 us per layer (28.9% of the batch's kernel time,
+// ncu), bound by L2 traffic; in decode it reads each key once per query head of a group.
 // Scoring is lane-per-key (lane j dots its key with the query, which every lane reads from
 // shared memory as a broadcast; K rows padded to an odd stride so the lanes' reads hit
 // distinct banks), then one online-softmax update per tile, and the V accumulation splits
 // the head dimension across lanes (d = lane + 32 i) with each key's weight broadcast by
 // shuffle. Same arithmetic as the reference softmax up to f32 summation order.
-constexpr int kPfQueries = 8;   // warps (queries) per block
-constexpr int kPfKeys = 32;     // keys per tile: one per lane
-constexpr int kPfMaxDim = 128;  // head dims above this take the split-K kernel
-constexpr int kPfPer = kPfMaxDim / 32;
+constexpr int kTileWarps = 8;     // query rows per block
+constexpr int kTileKeys = 32;     // keys per tile: one per lane
+constexpr int kTileMaxDim = 128;  // head dims above this take the split-K kernel
+constexpr int kTilePer = kTileMaxDim / 32;
 
-__global__ void __launch_bounds__(kPfQueries * 32) attn_prefill_kernel(AttnParams p) {
-  __shared__ float s_q[kPfQueries][kPfMaxDim];
-  __shared__ float s_k[kPfKeys][kPfMaxDim + 1];
-  __shared__ float s_v[kPfKeys][kPfMaxDim];
+struct KvTile {
+  float q[kTileWarps][kTileMaxDim];
+  float k[kTileKeys * (kTileMaxDim + 1)];  // rows of stride head_dim_k + 1
+  float v[kTileKeys][kTileMaxDim];
+};
+
+struct Online {  // one query row's running softmax: max, sum of weights, weighted V
+  float m = -INFINITY, l = 0.0f, acc[kTilePer] = {};
+};
+
+// The whole block: keys [j0, j0 + n_tile) of KV head hk into the tile.
+__device__ __forceinline__ void load_kv_tile(const AttnParams& p, int64_t hk, int64_t j0, int n_tile, KvTile& sm) {
+  const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v), ks = hdk + 1;
+  const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
+  for (int i = threadIdx.x; i < n_tile * hdk; i += blockDim.x) {
+    const int j = i / hdk, d = i % hdk;
+    sm.k[j * ks + d] = p.k[(j0 + j) * kw + hk * p.head_dim_k + d];
+  }
+  for (int i = threadIdx.x; i < n_tile * hdv; i += blockDim.x) {
+    const int j = i / hdv, d = i % hdv;
+    sm.v[j][d] = p.v[(j0 + j) * vw + hk * p.head_dim_v + d];
+  }
+}
+
+// One warp, query row q (in shared memory): the tile's keys j0 + j with j < n_tile and
+// j0 + j < n_keys update st. Precondition: j0 < n_keys (so the tile's max is finite).
+__device__ __forceinline__ void attend_tile(const AttnParams& p, const float* q, const KvTile& sm, int64_t j0,
+                                            int n_tile, int64_t n_keys, Online& st) {
+  const int lane = threadIdx.x % 32;
+  const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
+  float s = -INFINITY;
+  if (lane < n_tile && j0 + lane < n_keys) {
+    const float* kr = sm.k + lane * (hdk + 1);
+    float dot = 0.0f;
+    for (int d = 0; d < hdk; ++d) dot += q[d] * kr[d];
+    s = dot * p.scale;
+    if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+  }
+  float m_tile = s;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, o));
+  const float m_new = fmaxf(st.m, m_tile);
+  const float corr = expf(st.m - m_new), e = expf(s - m_new);
+  float e_sum = e;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) e_sum += __shfl_xor_sync(0xffffffffu, e_sum, o);
+  st.l = st.l * corr + e_sum;
+#pragma unroll
+  for (int i = 0; i < kTilePer; ++i) st.acc[i] *= corr;
+  for (int j = 0; j < n_tile; ++j) {
+    const float ej = __shfl_sync(0xffffffffu, e, j);
+#pragma unroll
+    for (int i = 0; i < kTilePer; ++i)
+      if (lane + 32 * i < hdv) st.acc[i] += ej * sm.v[j][lane + 32 * i];
+  }
+  st.m = m_new;
+}
+
+// Causal prefill: grid (ceil(n_tok / kTileWarps), n_head); warp w takes token t0 + w of head h.
+__global__ void __launch_bounds__(kTileWarps * 32) attn_prefill_kernel(AttnParams p) {
+  __shared__ KvTile sm;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kPfQueries, t = t0 + warp;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileWarps, t = t0 + warp;
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
   const int64_t pos0 = *p.pos;
-  const int64_t n_keys = pos0 + t + 1;                                         // this warp's query
-  const int64_t block_keys = pos0 + min(p.n_tok, t0 + kPfQueries);  // the block's last query
-  const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
-  const int ks = hdk + 1;  // s_k row stride used (odd when hdk is even)
+  const int64_t n_keys = pos0 + t + 1;                             // this warp's query
+  const int64_t block_keys = pos0 + min(p.n_tok, t0 + kTileWarps);  // the block's last query
   const bool live = t < p.n_tok;
 
   if (live) {
     const float* qh = p.q + t * p.q_stride + h * p.head_dim_k;
-    for (int d = lane; d < hdk; d += 32) s_q[warp][d] = qh[d];
+    for (int d = lane; d < hdk; d += 32) sm.q[warp][d] = qh[d];
   }
-  float m = -INFINITY, l = 0.0f, acc[kPfPer];
-#pragma unroll
-  for (int i = 0; i < kPfPer; ++i) acc[i] = 0.0f;
-
-  for (int64_t j0 = 0; j0 < block_keys; j0 += kPfKeys) {
-    __syncthreads();  // the previous tile is no longer read (and s_q is written, first time)
-    const int n_tile = static_cast<int>(min(static_cast<int64_t>(kPfKeys), block_keys - j0));
-    for (int i = threadIdx.x; i < n_tile * hdk; i += kPfQueries * 32) {
-      const int j = i / hdk, d = i % hdk;
-      (&s_k[0][0])[j * ks + d] = p.k[(j0 + j) * kw + hk * p.head_dim_k + d];
-    }
-    for (int i = threadIdx.x; i < n_tile * hdv; i += kPfQueries * 32) {
-      const int j = i / hdv, d = i % hdv;
-      s_v[j][d] = p.v[(j0 + j) * vw + hk * p.head_dim_v + d];
-    }
+  Online st;
+  for (int64_t j0 = 0; j0 < block_keys; j0 += kTileKeys) {
+    __syncthreads();  // the previous tile is no longer read (and q is written, the first time)
+    const int n_tile = static_cast<int>(min(static_cast<int64_t>(kTileKeys), block_keys - j0));
+    load_kv_tile(p, hk, j0, n_tile, sm);
     __syncthreads();
-    if (!live || j0 >= n_keys) continue;  // warp-uniform: this query sees none of the tile
-    float s = -INFINITY;
-    if (j0 + lane < n_keys) {
-      const float* kr = &s_k[0][0] + lane * ks;
-      float dot = 0.0f;
-      for (int d = 0; d < hdk; ++d) dot += s_q[warp][d] * kr[d];
-      s = dot * p.scale;
-      if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
-    }
-    float m_tile = s;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, o));
-    const float m_new = fmaxf(m, m_tile);  // finite: key j0 < n_keys is in the tile
-    const float corr = expf(m - m_new), e = expf(s - m_new);
-    float e_sum = e;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) e_sum += __shfl_xor_sync(0xffffffffu, e_sum, o);
-    l = l * corr + e_sum;
-#pragma unroll
-    for (int i = 0; i < kPfPer; ++i) acc[i] *= corr;
-    for (int j = 0; j < n_tile; ++j) {
-      const float ej = __shfl_sync(0xffffffffu, e, j);
-#pragma unroll
-      for (int i = 0; i < kPfPer; ++i)
-        if (lane + 32 * i < hdv) acc[i] += ej * s_v[j][lane + 32 * i];
-    }
-    m = m_new;
+    if (live && j0 < n_keys) attend_tile(p, sm.q[warp], sm, j0, n_tile, n_keys, st);  // warp-uniform
   }
   if (!live) return;
   float* out = p.out + t * p.n_head * p.head_dim_v + h * p.head_dim_v;
 #pragma unroll
-  for (int i = 0; i < kPfPer; ++i)
-    if (lane + 32 * i < hdv) out[lane + 32 * i] = acc[i] / l;
+  for (int i = 0; i < kTilePer; ++i)
+    if (lane + 32 * i < hdv) out[lane + 32 * i] = st.acc[i] / st.l;
+}
+
+// Split-K decode for grouped heads: grid (n_split, n_head_kv, n_tok); warp w takes query head
+// hk * G + w (G = n_head / n_head_kv <= kTileWarps), so a split's keys are read once for the
+// whole group. Writes the same partials (m, l, acc) as attn_partial_kernel, for the same merge.
+__global__ void __launch_bounds__(kTileWarps * 32) attn_gqa_partial_kernel(AttnParams p, int64_t n_split) {
+  __shared__ KvTile sm;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t split = blockIdx.x, hk = blockIdx.y, t = blockIdx.z;
+  const int64_t group = p.n_head / p.n_head_kv, h = hk * group + warp;
+  const int64_t n_keys = *p.pos + t + 1;
+  const int64_t begin = split * kAttnChunk, end = min(n_keys, begin + kAttnChunk);
+  if (begin >= n_keys) return;  // block-uniform: a split past this token's keys (the merge skips it)
+  const bool live = warp < group;
+  const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
+  if (live) {
+    const float* qh = p.q + t * p.q_stride + h * p.head_dim_k;
+    for (int d = lane; d < hdk; d += 32) sm.q[warp][d] = qh[d];
+  }
+  Online st;
+  for (int64_t j0 = begin; j0 < end; j0 += kTileKeys) {
+    __syncthreads();
+    const int n_tile = static_cast<int>(min(static_cast<int64_t>(kTileKeys), end - j0));
+    load_kv_tile(p, hk, j0, n_tile, sm);
+    __syncthreads();
+    if (live) attend_tile(p, sm.q[warp], sm, j0, n_tile, n_keys, st);
+  }
+  if (!live) return;
+  float* out = p.partial + ((t * p.n_head + h) * n_split + split) * (2 + p.head_dim_v);
+  if (lane == 0) {
+    out[0] = st.m;
+    out[1] = st.l;
+  }
+#pragma unroll
+  for (int i = 0; i < kTilePer; ++i)
+    if (lane + 32 * i < hdv) out[2 + lane + 32 * i] = st.acc[i];
 }
 
 // One thread per float of the new rows; row t of the batch lands at mirror row *pos + t.
@@ -231,17 +287,26 @@ void launch_attention(const AttnParams& p) {
                            p.n_head % p.n_head_kv == 0 && p.pos && p.max_keys >= p.n_tok
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
-  if (p.n_tok >= kAttnPrefillMinTok && p.head_dim_k <= kPfMaxDim && p.head_dim_v <= kPfMaxDim) {
-    attn_prefill_kernel<<<dim3(static_cast<unsigned>((p.n_tok + kPfQueries - 1) / kPfQueries),
+  const bool tiled = p.head_dim_k <= kTileMaxDim && p.head_dim_v <= kTileMaxDim;
+  if (p.n_tok >= kAttnPrefillMinTok && tiled) {
+    attn_prefill_kernel<<<dim3(static_cast<unsigned>((p.n_tok + kTileWarps - 1) / kTileWarps),
                                static_cast<unsigned>(p.n_head)),
-                          kPfQueries * 32, 0, p.stream>>>(p);
+                          kTileWarps * 32, 0, p.stream>>>(p);
     FRINK_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t n_split = n_split_for(p.max_keys);
-  attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
-                             static_cast<unsigned>(p.n_tok)),
-                        kWarps * 32, 0, p.stream>>>(p, n_split);
+  const int64_t n_split = n_split_for(p.max_keys), group = p.n_head / p.n_head_kv;
+  // Groups of 4 to 8 query heads (Llama-3, Qwen3, Mistral) share each key read; with fewer,
+  // most of the tiled kernel's warps would idle, so the per-head kernel keeps them.
+  if (tiled && group >= 4 && group <= kTileWarps) {
+    attn_gqa_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head_kv),
+                                   static_cast<unsigned>(p.n_tok)),
+                              kTileWarps * 32, 0, p.stream>>>(p, n_split);
+  } else {
+    attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
+                               static_cast<unsigned>(p.n_tok)),
+                          kWarps * 32, 0, p.stream>>>(p, n_split);
+  }
   FRINK_CUDA_CHECK_LAUNCH();
   attn_merge_kernel<<<dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)), 128, 0, p.stream>>>(
       p, n_split);

@@ -2,9 +2,9 @@
 // decode (n_tok = 1) and causal prefill (n_tok > 1) alike: query t at position pos0 + t sees
 // mirror rows [0, pos0 + t]. Prompts of kAttnPrefillMinTok or more queries use a tiled
 // kernel (attention.cu). Otherwise split-K over the sequence (flash-decoding): the keys are cut
-// into chunks of kAttnChunk, each (token, head, chunk) block computes a partial softmax
-// (max, sum, weighted V), and a second kernel merges the chunks, so a long context keeps
-// every SM busy at batch 1. GQA (n_head a multiple of n_head_kv) and a logit softcap are
+// into chunks of kAttnChunk, each (token, head or group of heads sharing a KV head, chunk)
+// block computes a partial softmax (max, sum, weighted V), and a second kernel merges the
+// chunks, so a long context keeps every SM busy at batch 1. GQA (n_head a multiple of n_head_kv) and a logit softcap are
 // supported; windows, sinks and ALiBi are refused upstream (check_layer), never here.
 #pragma once
 

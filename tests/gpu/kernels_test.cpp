@@ -430,7 +430,8 @@ TEST(CudaKernels, GluAddSoftcapMatchHost) {
   EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-11);
 }
 
-// Attention (split-K and tiled prefill) against a double-precision causal softmax: decode and prefill, GQA, head
+// Attention (per-head and grouped split-K, tiled prefill) against a double-precision causal
+// softmax: decode and prefill, GQA, head
 // widths that are not multiples of 32, contexts spanning several splits, softcap, and a grid
 // sized for far more keys than there are (max_keys: how a replayed graph launches it), whose
 // idle splits must not leak into the result.
@@ -448,7 +449,11 @@ TEST(CudaKernels, AttentionMatchesReference) {
                      // n_tok >= kAttnPrefillMinTok: the tiled prefill kernel (partial query and
                      // key tiles, odd and non-multiple-of-32 head dims); hd 256 falls back
                      C{40, 300, 8, 2, 128, 0}, C{9, 0, 2, 2, 40, 0}, C{33, 5, 4, 4, 72, 30.0f},
-                     C{64, 0, 4, 2, 128, 0}, C{8, 31, 3, 1, 33, 0}, C{12, 10, 2, 1, 256, 0}}) {
+                     C{64, 0, 4, 2, 128, 0}, C{8, 31, 3, 1, 33, 0}, C{12, 10, 2, 1, 256, 0},
+                     // decode and small batches with groups of 4..8 query heads: the grouped
+                     // split-K kernel (group 16 falls back to the per-head one)
+                     C{1, 1000, 16, 2, 64, 30.0f}, C{3, 600, 8, 1, 72, 0}, C{2, 513, 12, 3, 40, 0},
+                     C{1, 40, 16, 1, 64, 0}, C{1, 300, 8, 2, 128, 0, 2048}}) {
     const int64_t max_keys = c.max_keys ? c.max_keys : c.pos0 + c.n_tok;
     const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd;
     const auto q = random_floats(rng, c.n_tok * c.n_head * c.hd), k = random_floats(rng, n_keys * kw),
