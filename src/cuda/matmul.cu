@@ -170,6 +170,35 @@ __global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t 
   }
 }
 
+// Q8_K's scale source over a 256-block held by a warp as v[k] = element lane + 32 k: the
+// signed value of the FIRST element of largest magnitude (the host's strict '>' scan), and
+// that magnitude in amax (0 for an all-zero block). Lanes scan their own elements in index
+// order; the reduction keeps the larger magnitude, on a tie the lower index.
+__device__ __forceinline__ float q8k_signed_max(const float (&v)[8], float& amax) {
+  const int lane = threadIdx.x % 32;
+  float mx = 0.0f;
+  int idx = INT32_MAX;
+  amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    if (fabsf(v[k]) > amax) {
+      amax = fabsf(v[k]);
+      mx = v[k];
+      idx = lane + 32 * k;
+    }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float a2 = __shfl_xor_sync(0xffffffffu, amax, off), m2 = __shfl_xor_sync(0xffffffffu, mx, off);
+    const int i2 = __shfl_xor_sync(0xffffffffu, idx, off);
+    if (a2 > amax || (a2 == amax && i2 < idx)) {
+      amax = a2;
+      mx = m2;
+      idx = i2;
+    }
+  }
+  return mx;
+}
+
 // Q8 blocks (32) and Q8_K blocks (256): one warp per block, lane j holding elements
 // j + 32 k, so loads and stores are coalesced (v1 gave each thread a whole block and read it
 // serially: 65 us per 4096 x 512 activation on the H200, 14% of a pp512 batch). The
@@ -197,25 +226,8 @@ __global__ void act_round_block_kernel(const float* x, int64_t x_stride, int64_t
     const float dh = __half2float(__float2half_rn(d));
     o[lane] = roundf(v[0] * id) * dh;
   } else {
-    float amax = 0.0f, mx = 0.0f;
-    int idx = INT32_MAX;  // index of mx in the block
-#pragma unroll
-    for (int k = 0; k < kPer; ++k)
-      if (fabsf(v[k]) > amax) {
-        amax = fabsf(v[k]);
-        mx = v[k];
-        idx = lane + 32 * k;
-      }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float a2 = __shfl_xor_sync(0xffffffffu, amax, off), m2 = __shfl_xor_sync(0xffffffffu, mx, off);
-      const int i2 = __shfl_xor_sync(0xffffffffu, idx, off);
-      if (a2 > amax || (a2 == amax && i2 < idx)) {
-        amax = a2;
-        mx = m2;
-        idx = i2;
-      }
-    }
+    float amax;
+    const float mx = q8k_signed_max(v, amax);
     if (amax == 0.0f) {
 #pragma unroll
       for (int k = 0; k < kPer; ++k) o[lane + 32 * k] = 0.0f;
@@ -413,25 +425,8 @@ __global__ void quantize_q8k_kernel(const float* x, int64_t x_stride, int64_t n_
   float v[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) v[k] = xs[lane + 32 * k];
-  float amax = 0.0f, mx = 0.0f;
-  int idx = INT32_MAX;
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-    if (fabsf(v[k]) > amax) {
-      amax = fabsf(v[k]);
-      mx = v[k];
-      idx = lane + 32 * k;
-    }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float a2 = __shfl_xor_sync(0xffffffffu, amax, off), m2 = __shfl_xor_sync(0xffffffffu, mx, off);
-    const int i2 = __shfl_xor_sync(0xffffffffu, idx, off);
-    if (a2 > amax || (a2 == amax && i2 < idx)) {
-      amax = a2;
-      mx = m2;
-      idx = i2;
-    }
-  }
+  float amax;
+  const float mx = q8k_signed_max(v, amax);
   int8_t* q = a.q + t * n_in + b * 256;
   int32_t* sum = a.sum + t * (n_in / 32) + b * 8;
   const float iscale = amax == 0.0f ? 0.0f : -127.f / mx;
