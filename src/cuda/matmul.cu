@@ -48,6 +48,17 @@ __device__ __forceinline__ float epilogue(const Args& a, int64_t row, float v) {
   return v * a.scale + b;
 }
 
+// The end of every matrix-vector kernel: a warp's NT partial sums of one row, reduced across
+// the lanes, through the epilogue into y.
+template <int NT>
+__device__ __forceinline__ void store_row(const Args& a, int64_t row, const float (&acc)[NT]) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (threadIdx.x % 32 == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
+  }
+}
+
 template <int T, int NT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
   const int lane = threadIdx.x % 32;
@@ -95,11 +106,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
       }
     }
   }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
-  }
+  store_row<NT>(a, row, acc);
 }
 
 // Rows [r0, r0 + n_rows) of W -> f16 [n_rows][n_in].
@@ -349,11 +356,7 @@ __global__ void __launch_bounds__(kQWarps * 32) matvec_q8_kernel(Args a, const i
       }
     }
   }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
-  }
+  store_row<NT>(a, row, acc);
 }
 
 template <int T>
@@ -478,11 +481,7 @@ __global__ void __launch_bounds__(kQWarps * 32) matvec_q4k_kernel(Args a, Q8KAct
       acc[t] += (dx * dw) * static_cast<float>(sc_lo * s_lo + sc_hi * s_hi) - (dx * dminw) * static_cast<float>(summ);
     }
   }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
-  }
+  store_row<NT>(a, row, acc);
 }
 
 // Q6_K: 16 lanes per 210-byte super-block (only 2-byte aligned: 2-byte loads); lane k takes
@@ -523,11 +522,7 @@ __global__ void __launch_bounds__(kQWarps * 32) matvec_q6k_kernel(Args a, Q8KAct
       acc[t] += (x.d[t * n_sb + ib] * dw) * static_cast<float>(sumi);
     }
   }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
-  }
+  store_row<NT>(a, row, acc);
 }
 
 template <int T>

@@ -52,6 +52,53 @@ struct MatCase {
   bool bias;
 };
 
+// n_out random rows of type t (as the file would hold them) and their exact dequantization.
+struct RandomWeights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> f;
+};
+RandomWeights random_weights(std::mt19937& rng, GgmlType t, int64_t n_in, int64_t n_out) {
+  RandomWeights w;
+  w.f.resize(static_cast<size_t>(n_in * n_out));
+  for (int64_t r = 0; r < n_out; ++r) {
+    auto row = random_weight_row(rng, t, n_in);
+    dequantize_row(t, row.data(), w.f.data() + r * n_in, n_in);
+    w.bytes.insert(w.bytes.end(), row.begin(), row.end());
+  }
+  return w;
+}
+
+// y[t][r] = scale * sum_i wf[r][i] x[t][i] (+ bias[r]), summed in double.
+std::vector<float> reference_product(const std::vector<float>& wf, const std::vector<float>& x, int64_t n_in,
+                                     int64_t n_out, int64_t n_tok, double scale, const float* bias) {
+  std::vector<float> ref(static_cast<size_t>(n_out * n_tok));
+  for (int64_t tk = 0; tk < n_tok; ++tk)
+    for (int64_t r = 0; r < n_out; ++r) {
+      double s = 0;
+      for (int64_t i = 0; i < n_in; ++i) s += double(wf[r * n_in + i]) * x[tk * n_in + i];
+      ref[tk * n_out + r] = static_cast<float>(s * scale + (bias ? bias[r] : 0.0f));
+    }
+  return ref;
+}
+
+// A product of W (type t, n_out rows of n_in, on the device) with x [n_tok][n_in] into
+// y [n_tok][n_out]; callers set bias, scale, act_round and the cuBLAS fields they test.
+cuda::MatmulParams mat_params(GgmlType t, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_tok,
+                              float* y) {
+  cuda::MatmulParams p;
+  p.type = static_cast<int>(t);
+  p.w = w;
+  p.row_bytes = ggml_row_bytes(t, n_in);
+  p.n_in = n_in;
+  p.n_out = n_out;
+  p.x = x;
+  p.x_stride = n_in;
+  p.y = y;
+  p.y_stride = n_out;
+  p.n_tok = n_tok;
+  return p;
+}
+
 TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(7);
@@ -66,37 +113,15 @@ TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
     ASSERT_TRUE(cuda::matmul_supported(static_cast<int>(t))) << ggml_type_name(t);
     for (const MatCase& c : cases) {
       if (c.n_in % ggml_type_info(t).block_elems != 0) continue;
-      std::vector<uint8_t> w;
-      std::vector<float> wf(static_cast<size_t>(c.n_in * c.n_out));
-      for (int64_t r = 0; r < c.n_out; ++r) {
-        auto row = random_weight_row(rng, t, c.n_in);
-        dequantize_row(t, row.data(), wf.data() + r * c.n_in, c.n_in);
-        w.insert(w.end(), row.begin(), row.end());
-      }
+      const RandomWeights w = random_weights(rng, t, c.n_in, c.n_out);
       const auto x = random_floats(rng, c.n_in * c.n_tok);
       const auto b = random_floats(rng, c.n_out);
       // Reference: the host's exact dequantization, dotted in double.
-      std::vector<float> ref(static_cast<size_t>(c.n_out * c.n_tok));
-      for (int64_t tk = 0; tk < c.n_tok; ++tk)
-        for (int64_t r = 0; r < c.n_out; ++r) {
-          double s = 0;
-          for (int64_t i = 0; i < c.n_in; ++i) s += double(wf[r * c.n_in + i]) * x[tk * c.n_in + i];
-          ref[tk * c.n_out + r] = static_cast<float>(s * 0.5 + (c.bias ? b[r] : 0.0f));
-        }
-      Dev<uint8_t> dw(w);
+      const auto ref = reference_product(w.f, x, c.n_in, c.n_out, c.n_tok, 0.5, c.bias ? b.data() : nullptr);
+      Dev<uint8_t> dw(w.bytes);
       Dev<float> dx(x), db(b), dy(ref.size());
       Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
-      cuda::MatmulParams p;
-      p.type = static_cast<int>(t);
-      p.w = dw.p;
-      p.row_bytes = ggml_row_bytes(t, c.n_in);
-      p.n_in = c.n_in;
-      p.n_out = c.n_out;
-      p.x = dx.p;
-      p.x_stride = c.n_in;
-      p.y = dy.p;
-      p.y_stride = c.n_out;
-      p.n_tok = c.n_tok;
+      cuda::MatmulParams p = mat_params(t, dw.p, c.n_in, c.n_out, dx.p, c.n_tok, dy.p);
       p.bias = c.bias ? db.p : nullptr;
       p.scale = 0.5f;
       p.blas = blas;
@@ -127,24 +152,19 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
   std::mt19937 rng(23);
   cublasHandle_t blas;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
-  // n_tok 5 = one 4-token and one 1-token launch; 12 takes the cuBLAS path.
+  // n_tok 5 = one 4-token and one 1-token launch, 8 two 4-token ones; 12 takes the cuBLAS path.
   const std::vector<MatCase> cases = {{256, 9, 1, false}, {512, 33, 3, true}, {768, 20, 12, false},
-                                      {4096, 40, 5, true}};
+                                      {4096, 40, 5, true}, {4096, 40, 8, true}, {64, 3, 1, false}};
   for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                      GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
     const GgmlType at = vec_dot_type(t);
     for (const MatCase& c : cases) {
-      std::vector<uint8_t> w;
-      std::vector<float> wf(static_cast<size_t>(c.n_in * c.n_out));
-      for (int64_t r = 0; r < c.n_out; ++r) {
-        auto row = random_weight_row(rng, t, c.n_in);
-        dequantize_row(t, row.data(), wf.data() + r * c.n_in, c.n_in);
-        w.insert(w.end(), row.begin(), row.end());
-      }
+      if (c.n_in % ggml_type_info(t).block_elems != 0) continue;
+      const RandomWeights w = random_weights(rng, t, c.n_in, c.n_out);
       auto x = random_floats(rng, c.n_in * c.n_tok);
       x[5] = 9.5f;  // a tie of largest magnitude (sigma is 1) in the first block, opposite signs
-      x[77] = -9.5f;
+      if (x.size() > 77) x[77] = -9.5f;
       if (x.size() >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
       std::vector<float> xr(x.size());
       std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(at, c.n_in)));
@@ -152,28 +172,12 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
         quantize_row(at, x.data() + tk * c.n_in, q.data(), c.n_in);
         dequantize_row(at, q.data(), xr.data() + tk * c.n_in, c.n_in);
       }
-      std::vector<float> ref(static_cast<size_t>(c.n_out * c.n_tok));
-      for (int64_t tk = 0; tk < c.n_tok; ++tk)
-        for (int64_t r = 0; r < c.n_out; ++r) {
-          double s = 0;
-          for (int64_t i = 0; i < c.n_in; ++i) s += double(wf[r * c.n_in + i]) * xr[tk * c.n_in + i];
-          ref[tk * c.n_out + r] = static_cast<float>(s + (c.bias ? 1.0f : 0.0f));
-        }
       const std::vector<float> ones(static_cast<size_t>(c.n_out), 1.0f);
-      Dev<uint8_t> dw(w);
+      const auto ref = reference_product(w.f, xr, c.n_in, c.n_out, c.n_tok, 1.0, c.bias ? ones.data() : nullptr);
+      Dev<uint8_t> dw(w.bytes);
       Dev<float> dx(x), db(ones), dy(ref.size()), dact(x.size());
       Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
-      cuda::MatmulParams p;
-      p.type = static_cast<int>(t);
-      p.w = dw.p;
-      p.row_bytes = ggml_row_bytes(t, c.n_in);
-      p.n_in = c.n_in;
-      p.n_out = c.n_out;
-      p.x = dx.p;
-      p.x_stride = c.n_in;
-      p.y = dy.p;
-      p.y_stride = c.n_out;
-      p.n_tok = c.n_tok;
+      cuda::MatmulParams p = mat_params(t, dw.p, c.n_in, c.n_out, dx.p, c.n_tok, dy.p);
       p.bias = c.bias ? db.p : nullptr;
       p.blas = blas;
       p.scratch = scratch.p;
@@ -212,32 +216,15 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
       std::vector<cuda::MatmulParams> ps;
       for (size_t i = 0; i < types.size(); ++i) {
         const int64_t n_out = 40 + 8 * static_cast<int64_t>(i);
-        std::vector<uint8_t> w;
-        for (int64_t r = 0; r < n_out; ++r) {
-          auto row = random_weight_row(rng, types[i], n_in);
-          w.insert(w.end(), row.begin(), row.end());
-        }
-        ws.push_back(std::make_unique<Dev<uint8_t>>(w));
+        ws.push_back(std::make_unique<Dev<uint8_t>>(random_weights(rng, types[i], n_in, n_out).bytes));
         ys_group.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_out * n_tok)));
         ys_alone.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_out * n_tok)));
-        cuda::MatmulParams p;
-        p.type = static_cast<int>(types[i]);
-        p.w = ws.back()->p;
-        p.row_bytes = ggml_row_bytes(types[i], n_in);
-        p.n_in = n_in;
-        p.n_out = n_out;
-        p.x = dx.p;
-        p.x_stride = n_in;
-        p.y_stride = n_out;
-        p.n_tok = n_tok;
+        cuda::MatmulParams p = mat_params(types[i], ws.back()->p, n_in, n_out, dx.p, n_tok, ys_group.back()->p);
         p.blas = blas;
         p.scratch = scratch.p;
         p.scratch_elems = scratch.n;
         p.act_round = dact.p;
         ps.push_back(p);
-      }
-      for (size_t i = 0; i < ps.size(); ++i) {
-        ps[i].y = ys_group[i]->p;
       }
       cuda::launch_matmuls(ps.data(), static_cast<int>(ps.size()));
       for (size_t i = 0; i < ps.size(); ++i) {
@@ -251,62 +238,6 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
     }
   }
   cublasDestroy(blas);
-}
-
-// The dp4a matrix-vector path (Q4_0, Q8_0 with act_round set): x is rounded to Q8_0 blocks
-// exactly as the host does, so the result must equal the host's dequantized weights dotted
-// with the host's Q8_0-rounded activation up to f32 summation order.
-TEST(CudaKernels, MatvecQ8ActivationMatchesHost) {
-  FRINK_REQUIRE_GPU();
-  std::mt19937 rng(11);
-  const std::vector<MatCase> cases = {{256, 7, 1, false}, {512, 33, 3, true}, {768, 65, 4, false},
-                                      {1024, 17, 5, true}, {4096, 40, 8, true}, {64, 3, 1, false}};
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
-    for (const MatCase& c : cases) {
-      std::vector<uint8_t> w;
-      std::vector<float> wf(static_cast<size_t>(c.n_in * c.n_out));
-      for (int64_t r = 0; r < c.n_out; ++r) {
-        auto row = random_weight_row(rng, t, c.n_in);
-        dequantize_row(t, row.data(), wf.data() + r * c.n_in, c.n_in);
-        w.insert(w.end(), row.begin(), row.end());
-      }
-      const auto x = random_floats(rng, c.n_in * c.n_tok);
-      const auto b = random_floats(rng, c.n_out);
-      std::vector<float> xr(x.size());
-      std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, c.n_in)));
-      for (int64_t tk = 0; tk < c.n_tok; ++tk) {
-        quantize_row(GgmlType::Q8_0, x.data() + tk * c.n_in, q.data(), c.n_in);
-        dequantize_row(GgmlType::Q8_0, q.data(), xr.data() + tk * c.n_in, c.n_in);
-      }
-      std::vector<float> ref(static_cast<size_t>(c.n_out * c.n_tok));
-      for (int64_t tk = 0; tk < c.n_tok; ++tk)
-        for (int64_t r = 0; r < c.n_out; ++r) {
-          double s = 0;
-          for (int64_t i = 0; i < c.n_in; ++i) s += double(wf[r * c.n_in + i]) * xr[tk * c.n_in + i];
-          ref[tk * c.n_out + r] = static_cast<float>(s * 0.5 + (c.bias ? b[r] : 0.0f));
-        }
-      Dev<uint8_t> dw(w);
-      Dev<float> dx(x), db(b), dy(ref.size()), dact(x.size());
-      cuda::MatmulParams p;
-      p.type = static_cast<int>(t);
-      p.w = dw.p;
-      p.row_bytes = ggml_row_bytes(t, c.n_in);
-      p.n_in = c.n_in;
-      p.n_out = c.n_out;
-      p.x = dx.p;
-      p.x_stride = c.n_in;
-      p.y = dy.p;
-      p.y_stride = c.n_out;
-      p.n_tok = c.n_tok;
-      p.bias = c.bias ? db.p : nullptr;
-      p.scale = 0.5f;
-      p.act_round = dact.p;
-      cuda::launch_matmul(p);
-      const auto y = dy.get();
-      const double e = nmse(y.data(), ref.data(), ref.size());
-      EXPECT_LT(e, 1e-9) << ggml_type_name(t) << " n_in " << c.n_in << " n_out " << c.n_out << " n_tok " << c.n_tok;
-    }
-  }
 }
 
 TEST(CudaKernels, NormsMatchHost) {
