@@ -125,7 +125,7 @@ constexpr int kTilePer = kTileMaxDim / 32;
 
 struct KvTile {
   float q[kTileWarps][kTileMaxDim];
-  float k[kTileKeys * (kTileMaxDim + 1)];  // rows of stride head_dim_k + 1
+  float k[kTileKeys * (kTileMaxDim + 1)];  // rows of odd stride head_dim_k | 1 (distinct banks)
   float v[kTileKeys][kTileMaxDim];
 };
 
@@ -135,7 +135,7 @@ struct Online {  // one query row's running softmax: max, sum of weights, weight
 
 // The whole block: keys [j0, j0 + n_tile) of KV head hk into the tile.
 __device__ __forceinline__ void load_kv_tile(const AttnParams& p, int64_t hk, int64_t j0, int n_tile, KvTile& sm) {
-  const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v), ks = hdk + 1;
+  const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v), ks = hdk | 1;
   const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
   for (int i = threadIdx.x; i < n_tile * hdk; i += blockDim.x) {
     const int j = i / hdk, d = i % hdk;
@@ -155,7 +155,7 @@ __device__ __forceinline__ void attend_tile(const AttnParams& p, const float* q,
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
   float s = -INFINITY;
   if (lane < n_tile && j0 + lane < n_keys) {
-    const float* kr = sm.k + lane * (hdk + 1);
+    const float* kr = sm.k + lane * (hdk | 1);
     float dot = 0.0f;
     for (int d = 0; d < hdk; ++d) dot += q[d] * kr[d];
     s = dot * p.scale;

@@ -145,8 +145,8 @@ TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
 // kernels of Q4_0, Q8_0, Q4_K and Q6_K), so the product equals
 // the host's dequantized weights dotted with the host-rounded activation: up to f32
 // summation order on the matrix-vector path (1e-9), plus f16 operands on the cuBLAS path
-// (1e-5). Inputs include an exact tie of largest magnitude with opposite signs and an
-// all-zero block (Q8_K's d would be 0/0 there).
+// (1e-5). Inputs include an exact half at scale 1 and an all-zero block (Q8_K's d would be
+// 0/0 there).
 TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -163,8 +163,11 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
       if (c.n_in % ggml_type_info(t).block_elems != 0) continue;
       const RandomWeights w = random_weights(rng, t, c.n_in, c.n_out);
       auto x = random_floats(rng, c.n_in * c.n_tok);
-      x[5] = 9.5f;  // a tie of largest magnitude (sigma is 1) in the first block, opposite signs
-      if (x.size() > 77) x[77] = -9.5f;
+      // A block whose scale comes out exactly 1 (largest magnitude 127, negative for Q8_K's
+      // signed rule) holding an exact half: roundf (Q8_0/Q8_1) gives 3, rint (Q8_K) gives 2, so
+      // the wrong rounding function for either format shows.
+      x[1] = -127.0f;
+      x[2] = 2.5f;
       if (x.size() >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
       std::vector<float> xr(x.size());
       std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(at, c.n_in)));
@@ -195,7 +198,8 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
 
 // launch_matmuls (products of one input prepared once) gives bit for bit what separate
 // launch_matmul calls give, for groups that share one preparation, that alternate between
-// forms (dp4a, Q8 blocks, dp4a again), on both the matrix-vector and the cuBLAS path.
+// forms (int8 Q8_0 and Q8 blocks; int8 Q8_K and Q8_K values, as a Q5_K_M file does), on both
+// the matrix-vector and the cuBLAS path.
 TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(29);
@@ -204,7 +208,8 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
   const std::vector<std::vector<GgmlType>> groups = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
                                                      {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_0},
                                                      {GgmlType::F16, GgmlType::BF16, GgmlType::F16},
-                                                     {GgmlType::Q8_0, GgmlType::Q8_0}};
+                                                     {GgmlType::Q8_0, GgmlType::Q8_0},
+                                                     {GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q6_K}};
   const int64_t n_in = 512;
   for (int64_t n_tok : {1, 3, 12}) {
     for (const auto& types : groups) {
