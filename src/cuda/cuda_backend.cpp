@@ -77,7 +77,8 @@ class CudaBackend final : public DeviceBackend {
   void download(float* x) override;
   void run_layer(int64_t il, KvCache& cache) override;
   void output_logits(int64_t first, int64_t n, float* logits) override;
-  void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits) override;
+  void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
+                 int32_t* argmax) override;
 
  private:
   struct Pending {
@@ -92,10 +93,11 @@ class CudaBackend final : public DeviceBackend {
   // The device work of layer il / of the head; max_keys bounds the attention grid.
   void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
   void enqueue_head(int64_t first, int64_t n);
-  std::vector<uintptr_t> graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys) const;
-  cudaGraphExec_t capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys);
+  std::vector<uintptr_t> graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys, bool argmax) const;
+  cudaGraphExec_t capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys,
+                                bool argmax);
   cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
-                                  std::span<const Pending> pds, int64_t max_keys);
+                                  std::span<const Pending> pds, int64_t max_keys, bool argmax);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
@@ -120,6 +122,9 @@ class CudaBackend final : public DeviceBackend {
   std::vector<Pending> pending_;
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   int32_t* pos_host_ = nullptr;  // pinned source of that copy
+  int32_t* argmax_dev_ = nullptr;   // run_token's greedy token, and its pinned landing place
+  int32_t* argmax_host_ = nullptr;
+  void* argmax_scratch_ = nullptr;
   // Captured token graphs by key, most recent last: a few, so sequences that take turns on
   // one backend (a server's slots) each keep theirs instead of recapturing every step.
   struct TokenGraph {
@@ -139,6 +144,9 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
   FRINK_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int32_t)));
   FRINK_CUDA_CHECK(cudaMallocHost(&pos_host_, sizeof(int32_t)));
+  FRINK_CUDA_CHECK(cudaMalloc(&argmax_dev_, sizeof(int32_t)));
+  FRINK_CUDA_CHECK(cudaMallocHost(&argmax_host_, sizeof(int32_t)));
+  FRINK_CUDA_CHECK(cudaMalloc(&argmax_scratch_, argmax_scratch_bytes()));
 }
 
 CudaBackend::~CudaBackend() {
@@ -147,6 +155,9 @@ CudaBackend::~CudaBackend() {
   FRINK_LOG_DEBUG("device: {} token graph capture(s)", n_captures_);
   cudaFree(pos_dev_);
   cudaFreeHost(pos_host_);
+  cudaFree(argmax_dev_);
+  cudaFreeHost(argmax_host_);
+  cudaFree(argmax_scratch_);
   cudaFreeHost(staging_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
@@ -456,8 +467,9 @@ void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
   flush();
 }
 
-std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys) const {
-  std::vector<uintptr_t> key;
+std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys,
+                                             bool argmax) const {
+  std::vector<uintptr_t> key{argmax};
   for (const DevBuf* b : {&act_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
@@ -472,13 +484,14 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors
 }
 
 cudaGraphExec_t CudaBackend::capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds,
-                                           int64_t max_keys) {
+                                           int64_t max_keys, bool argmax) {
   // ThreadLocal: only this thread's calls are checked for capture safety (the host thread
   // pool never touches CUDA).
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     for (size_t il = 0; il < mirrors.size(); ++il) enqueue_layer(static_cast<int64_t>(il), *mirrors[il], pds[il], max_keys);
     enqueue_head(0, 1);
+    if (argmax) launch_argmax(logits_.f(), m_.hp.n_vocab, argmax_scratch_, argmax_dev_, stream_);
   } catch (...) {
     cudaGraph_t broken = nullptr;
     cudaStreamEndCapture(stream_, &broken);  // leave the stream usable; the error goes up
@@ -499,14 +512,14 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<KvMirror* const> mirrors, s
 }
 
 cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
-                                             std::span<const Pending> pds, int64_t max_keys) {
+                                             std::span<const Pending> pds, int64_t max_keys, bool argmax) {
   for (size_t i = 0; i < token_graphs_.size(); ++i)
     if (token_graphs_[i].key == key) {
       std::rotate(token_graphs_.begin() + static_cast<std::ptrdiff_t>(i),
                   token_graphs_.begin() + static_cast<std::ptrdiff_t>(i) + 1, token_graphs_.end());
       return token_graphs_.back().exec;
     }
-  cudaGraphExec_t exec = capture_token(mirrors, pds, max_keys);
+  cudaGraphExec_t exec = capture_token(mirrors, pds, max_keys, argmax);
   if (token_graphs_.size() == kMaxTokenGraphs) {  // no replay is in flight: every token ends with a wait
     FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graphs_.front().exec));
     token_graphs_.erase(token_graphs_.begin());
@@ -515,7 +528,8 @@ cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::sp
   return exec;
 }
 
-void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits) {
+void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
+                            int32_t* argmax) {
   const Hparams& hp = m_.hp;
   FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
   begin_batch(1, pos0);
@@ -539,11 +553,17 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   std::vector<Pending> pds;
   for (int64_t il = 0; il < hp.n_layer; ++il) pds.push_back(add_pending(*caches[static_cast<size_t>(il)], *mirrors[static_cast<size_t>(il)]));
   try {
-    cudaGraphExec_t exec = token_graph_for(graph_key(mirrors, max_keys), mirrors, pds, max_keys);
+    const bool want_argmax = argmax != nullptr;
+    cudaGraphExec_t exec =
+        token_graph_for(graph_key(mirrors, max_keys, want_argmax), mirrors, pds, max_keys, want_argmax);
     FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
+    if (logits)
+      FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+    if (want_argmax)
+      FRINK_CUDA_CHECK(cudaMemcpyAsync(argmax_host_, argmax_dev_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     flush();
+    if (want_argmax) *argmax = *argmax_host_;
   } catch (...) {
     // The booked rows never reached the host: forget them, so the error is this step's
     // alone and the next batch starts clean (and the mirrors, not caught up, re-upload).

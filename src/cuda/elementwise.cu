@@ -1,6 +1,8 @@
 #include "cuda/elementwise.cuh"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 
 #include "cuda/cuda_check.h"
 
@@ -34,7 +36,71 @@ __global__ void softcap_kernel(float* x, int64_t n, float cap) {
     x[i] = cap * tanhf(x[i] / cap);
 }
 
+// (value, index) pairs: the larger value wins, the lower index on equal values.
+__device__ __forceinline__ void argmax_merge(float& v, int32_t& i, float v2, int32_t i2) {
+  if (v2 > v || (v2 == v && i2 < i)) {
+    v = v2;
+    i = i2;
+  }
+}
+
+// Reduces (v, i) over the block (256 threads) into thread 0's (v, i).
+__device__ __forceinline__ void argmax_block(float& v, int32_t& i) {
+  __shared__ float s_v[8];
+  __shared__ int32_t s_i[8];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) argmax_merge(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    s_v[warp] = v;
+    s_i[warp] = i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < 8 ? s_v[lane] : -INFINITY;
+    i = lane < 8 ? s_i[lane] : INT32_MAX;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      argmax_merge(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  }
+}
+
+// Pass 1: block b scans x[j] for j = b * 256 + t, stepping the whole grid; -inf and index
+// INT32_MAX stand for "nothing yet", so any real logit (or -inf at a real index) wins.
+__global__ void __launch_bounds__(256) argmax_partial_kernel(const float* x, int64_t n, float* part_v,
+                                                             int32_t* part_i) {
+  float v = -INFINITY;
+  int32_t i = INT32_MAX;
+  for (int64_t j = blockIdx.x * int64_t{256} + threadIdx.x; j < n; j += int64_t{gridDim.x} * 256)
+    argmax_merge(v, i, x[j], static_cast<int32_t>(j));
+  argmax_block(v, i);
+  if (threadIdx.x == 0) {
+    part_v[blockIdx.x] = v;
+    part_i[blockIdx.x] = i;
+  }
+}
+
+__global__ void __launch_bounds__(256) argmax_final_kernel(const float* part_v, const int32_t* part_i, int32_t* out) {
+  float v = -INFINITY;
+  int32_t i = INT32_MAX;
+  for (int j = threadIdx.x; j < kArgmaxBlocks; j += 256) argmax_merge(v, i, part_v[j], part_i[j]);
+  argmax_block(v, i);
+  if (threadIdx.x == 0) *out = i == INT32_MAX ? 0 : i;  // all -inf or empty: id 0, as max_element
+}
+
 }  // namespace
+
+size_t argmax_scratch_bytes() { return kArgmaxBlocks * (sizeof(float) + sizeof(int32_t)); }
+
+void launch_argmax(const float* x, int64_t n, void* scratch, int32_t* out, cudaStream_t stream) {
+  FRINK_CUDA_CHECK(n > 0 && n <= INT32_MAX ? cudaSuccess : cudaErrorInvalidValue);
+  float* part_v = static_cast<float*>(scratch);
+  int32_t* part_i = reinterpret_cast<int32_t*>(part_v + kArgmaxBlocks);
+  argmax_partial_kernel<<<kArgmaxBlocks, 256, 0, stream>>>(x, n, part_v, part_i);
+  FRINK_CUDA_CHECK_LAUNCH();
+  argmax_final_kernel<<<1, 256, 0, stream>>>(part_v, part_i, out);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
 
 void launch_glu(const GluParams& p) {
   if (p.n * p.n_tok == 0) return;

@@ -25,4 +25,11 @@ void launch_add(float* y, const float* a, const float* b, const float* c, int64_
 // x[i] = cap * tanh(x[i] / cap).
 void launch_softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 
+// *out = the index of the largest of x[0, n), the lowest on ties (engine greedy_token's rule),
+// in two passes: kArgmaxBlocks blocks each reduce a strided share into scratch, one block
+// reduces those. scratch: argmax_scratch_bytes() on the device.
+inline constexpr int kArgmaxBlocks = 128;
+size_t argmax_scratch_bytes();
+void launch_argmax(const float* x, int64_t n, void* scratch, int32_t* out, cudaStream_t stream);
+
 }  // namespace frink::cuda

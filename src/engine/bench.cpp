@@ -101,16 +101,14 @@ BenchRow bench_tg(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_
   r.test = fmt::format("tg{}", n_gen) + (depth ? fmt::format(" @ d{}", depth) : "");
   Session s(m, depth + n_gen);
   fill_depth(dec, s, rng, depth, p.n_batch);
-  std::vector<float> logits;
   for (int rep = -1; rep < p.reps; ++rep) {
     s.truncate(depth);
     const int64_t n = rep < 0 ? 1 : n_gen;  // llama-bench warms tg up with one token
     int32_t tok = random_tokens(rng, 1, dec.n_vocab())[0];
     const auto t0 = Clock::now();
-    for (int64_t i = 0; i < n; ++i) {
-      dec.eval(s, {tok}, false, logits);
-      tok = greedy_token(logits.data(), static_cast<int64_t>(logits.size()));
-    }
+    // Each step ends with the greedy token on the host, as a generating loop needs it (on a
+    // device that runs the whole step, the argmax is taken there).
+    for (int64_t i = 0; i < n; ++i) tok = dec.eval_greedy(s, tok);
     if (rep >= 0) r.samples_s.push_back(seconds_since(t0));
   }
   return r;

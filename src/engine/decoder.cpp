@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "cpu/layer_body.h"
 #include "cpu/recurrent_layer.h"
+#include "engine/sampler.h"
 #ifdef FRINK_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #include "cuda/device_probe.h"
@@ -57,14 +58,30 @@ Decoder::~Decoder() {
 
 std::string Decoder::device_description() const { return device_ ? device_->describe() : "cpu"; }
 
-void Decoder::eval(Session& s, const std::vector<int32_t>& tokens, bool all_logits,
-                   std::vector<float>& logits) {
-  const int64_t n = static_cast<int64_t>(tokens.size());
+void Decoder::check_tokens(const Session& s, const int32_t* tokens, int64_t n) const {
   if (n == 0) fail("nothing to evaluate: the token list is empty");
   if (s.n_ctx() > 0 && s.n_past() + n > s.n_ctx())
     fail("{} tokens do not fit the context: {} already used of {} (raise -c)", n, s.n_past(), s.n_ctx());
-  for (int32_t t : tokens)
-    if (t < 0 || t >= m_.hp.n_vocab) fail("token id {} is outside the vocabulary of {} tokens", t, m_.hp.n_vocab);
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= m_.hp.n_vocab)
+      fail("token id {} is outside the vocabulary of {} tokens", tokens[i], m_.hp.n_vocab);
+}
+
+int32_t Decoder::eval_greedy(Session& s, int32_t token) {
+  if (!token_graph_) {
+    eval(s, {token}, false, greedy_logits_);
+    return greedy_token(greedy_logits_.data(), m_.hp.n_vocab);
+  }
+  check_tokens(s, &token, 1);
+  int32_t next = -1;
+  eval_batch(s, &token, 1, nullptr, false, &next);
+  return next;
+}
+
+void Decoder::eval(Session& s, const std::vector<int32_t>& tokens, bool all_logits,
+                   std::vector<float>& logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  check_tokens(s, tokens.data(), n);
   const int64_t V = m_.hp.n_vocab;
   logits.assign(static_cast<size_t>((all_logits ? n : 1) * V), 0.0f);
   for (int64_t b = 0; b < n; b += opts_.n_batch) {
@@ -82,17 +99,18 @@ Refusal Decoder::ask_device(int64_t il) const {
   return il == m_.hp.n_layer ? device_->check_output() : device_->check_layer(il);
 }
 
-void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* logits_out, bool all_logits) {
+void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* logits_out, bool all_logits,
+                         int32_t* argmax_out) {
   const Hparams& hp = m_.hp;
   const int64_t pos0 = s.n_past();
   const bool count = opts_.device != DeviceChoice::kCpu;
   std::vector<float> x(static_cast<size_t>(n * hp.n_embd));
   cpu::embed_tokens(m_, tokens, n, x.data());
-  if (token_graph_ && n == 1 && logits_out) {
+  if (token_graph_ && n == 1 && (logits_out || argmax_out)) {
     for (int64_t il = 0; il <= hp.n_layer; ++il) refusals_.add(Refusal::kNone);
     std::vector<KvCache*> caches;
     for (int64_t il = 0; il < hp.n_layer; ++il) caches.push_back(&s.cache(il));
-    device_->run_token(pos0, x.data(), caches, logits_out);
+    device_->run_token(pos0, x.data(), caches, logits_out, argmax_out);
     ++whole_token_steps_;
     s.commit(tokens, n);
     return;

@@ -117,11 +117,14 @@ class DeviceBackend {
   virtual void output_logits(int64_t first, int64_t n, float* logits) = 0;
 
   // A whole decode step at once (DESIGN.md section 4), when every layer and the head run
-  // here: host residual x [n_embd] of the token at position pos0 in, logits [n_vocab] out;
-  // caches[il] is layer il's host cache (rows() == pos0). One submission and one wait; on
-  // return the new K/V rows are in the host caches. The same arithmetic as begin_batch(1,
-  // pos0), upload, run_layer for each layer and output_logits(0, 1), bit for bit.
-  virtual void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits) = 0;
+  // here: host residual x [n_embd] of the token at position pos0 in; out, each when not null:
+  // logits [n_vocab], and *argmax, the greedy next token (greedy_token's rule: the lowest id
+  // among the largest logits) found on the device, so greedy decoding need not bring the
+  // logits over. caches[il] is layer il's host cache (rows() == pos0). One submission and one
+  // wait; on return the new K/V rows are in the host caches. The same arithmetic as
+  // begin_batch(1, pos0), upload, run_layer for each layer and output_logits(0, 1), bit for bit.
+  virtual void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
+                         int32_t* argmax) = 0;
 };
 
 }  // namespace frink

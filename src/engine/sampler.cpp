@@ -107,11 +107,18 @@ void Sampler::accept(int32_t token) {
 // llama_sampler_penalties_apply: per token seen `count` times in the window,
 //   logit = logit <= 0 ? logit * repeat : logit / repeat;
 //   logit -= count * frequency + presence.
+namespace {
+bool penalties_off(const SamplerParams& p) {
+  return p.penalty_last_n == 0 ||
+         (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
+}
+}  // namespace
+
+bool Sampler::greedy() const { return params_.temp <= 0.0f && penalties_off(params_); }
+
 void Sampler::apply_penalties(std::vector<TokenLogit>& cands) const {
   const SamplerParams& p = params_;
-  if (p.penalty_last_n == 0 || counts_.empty()) return;
-  if (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f)
-    return;
+  if (counts_.empty() || penalties_off(p)) return;
   for (TokenLogit& c : cands) {
     const auto it = counts_.find(c.id);
     if (it == counts_.end()) continue;

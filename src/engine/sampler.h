@@ -71,6 +71,9 @@ class Sampler {
   void reset();
 
   const SamplerParams& params() const { return params_; }
+  // sample() is greedy_token of the raw logits (temp <= 0, no penalty in effect): the caller
+  // may then let the decoder pick the token (Decoder::eval_greedy) and skip the logits.
+  bool greedy() const;
 
  private:
   void apply_penalties(std::vector<TokenLogit>& cands) const;

@@ -50,7 +50,7 @@ TEST(Perplexity, MatchesByHandNllOnStories260K) {
 
   // By hand: each window from an empty session, first token BOS, the second half scored.
   const int64_t n_chunk = int64_t(tokens.size()) / n_ctx;
-  Decoder dec(*m, DecoderOptions{0, 512});
+  Decoder dec(*m, DecoderOptions{});  // all cores, batches of 512, host path
   double nll = 0;
   int64_t n = 0;
   for (int64_t c = 0; c < n_chunk; ++c) {

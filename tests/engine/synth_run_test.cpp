@@ -55,7 +55,7 @@ TEST_P(SynthRun, LogitsAreFiniteAndVaried) {
     ASSERT_GE(ids.size(), 2u);
     EXPECT_EQ(ids[0], tok->bos());
 
-    Decoder dec(*m, DecoderOptions{0, 512});
+    Decoder dec(*m, DecoderOptions{});  // all cores, batches of 512, host path
     Session s(*m, 64);
     std::vector<float> logits;
     dec.eval(s, ids, /*all_logits=*/true, logits);

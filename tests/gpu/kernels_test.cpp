@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "cpu/ops.h"
+#include "engine/sampler.h"
 #include "cuda/attention.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/matmul.cuh"
@@ -442,6 +443,30 @@ TEST(CudaKernels, AttentionMatchesReference) {
     // f32 online softmax and sums over <= 2048 keys: ~1e-12; bound 1e-9.
     EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-9)
         << "n_tok " << c.n_tok << " pos0 " << c.pos0 << " hd " << c.hd << " max_keys " << max_keys;
+  }
+}
+
+// Device argmax = greedy_token: random logits over vocabulary sizes around the grid's stride,
+// a tie for the largest value (the lower id wins), all -inf (id 0).
+TEST(CudaKernels, ArgmaxMatchesGreedyToken) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  Dev<uint8_t> scratch(std::vector<uint8_t>(cuda::argmax_scratch_bytes()));
+  for (int64_t n : {1, 7, 255, 256, 32768, 32769, 151936}) {
+    auto x = random_floats(rng, n);
+    std::vector<std::vector<float>> inputs{x};
+    if (n > 200) {
+      x[n / 3] = 50.0f;
+      x[n - 2] = 50.0f;  // the same largest value twice: id n/3 must win
+      inputs.push_back(x);
+    }
+    inputs.push_back(std::vector<float>(static_cast<size_t>(n), -INFINITY));
+    for (const auto& in : inputs) {
+      Dev<float> dx(in);
+      Dev<int32_t> out(std::vector<int32_t>{-1});
+      cuda::launch_argmax(dx.p, n, scratch.p, out.p, nullptr);
+      EXPECT_EQ(out.get()[0], greedy_token(in.data(), n)) << "n " << n;
+    }
   }
 }
 
