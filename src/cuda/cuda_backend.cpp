@@ -86,7 +86,10 @@ class CudaBackend final : public DeviceBackend {
     KvMirror* mirror;
     size_t k_off, v_off;  // floats into staging_
   };
-  KvMirror& mirror_for(KvCache& cache, const LayerPlan& p);
+  // Layer p's mirror of cache, made ready for n_new rows (staleness settled, room made, and
+  // device memory found for a growth by evicting other sequences' mirrors if need be).
+  KvMirror& ready_mirror(KvCache& cache, const LayerPlan& p, int64_t n_new);
+  void evict_mirrors(size_t bytes_wanted);
   // Books staging room for the batch's new rows of one layer (in layer order, so a token's
   // offsets are the same every step) and queues them for flush().
   Pending add_pending(KvCache& cache, KvMirror& mirror);
@@ -111,7 +114,17 @@ class CudaBackend final : public DeviceBackend {
   std::vector<Refusal> refusal_;  // per layer, then the output head
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  std::unordered_map<const KvCache*, std::unique_ptr<KvMirror>> mirrors_;
+  // Mirrors by host cache. Nothing tells the device a Session ended, so mirrors of caches no
+  // batch has used for a while are evicted (least recently used first) when there are more
+  // than kMaxMirrors or a growth would not fit in device memory; a cache that comes back
+  // meets a fresh mirror and the staleness rule uploads its history.
+  struct MirrorSlot {
+    std::unique_ptr<KvMirror> mirror;
+    uint64_t last_use = 0;  // batch_tick_ of its last batch
+  };
+  std::unordered_map<const KvCache*, MirrorSlot> mirrors_;
+  uint64_t batch_tick_ = 0;
+  static constexpr size_t kMaxMirrors = 1024;  // layers x sequences
 
   int64_t n_tok_ = 0, pos0_ = 0;
   DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
@@ -172,6 +185,7 @@ std::string CudaBackend::describe() const {
 
 void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
   FRINK_ASSERT(pending_.empty(), "a batch began with K/V rows still pending");
+  ++batch_tick_;
   n_tok_ = n_tok;
   pos0_ = pos0;
   const Hparams& hp = m_.hp;
@@ -321,10 +335,41 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
   matmul(d.ffn_down, hidden_.f(), n_ff, out, E);
 }
 
-KvMirror& CudaBackend::mirror_for(KvCache& cache, const LayerPlan& p) {
-  auto& mirror = mirrors_[&cache];
-  if (!mirror) mirror = std::make_unique<KvMirror>(p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v);
-  return *mirror;
+KvMirror& CudaBackend::ready_mirror(KvCache& cache, const LayerPlan& p, int64_t n_new) {
+  if (!mirrors_.count(&cache) && mirrors_.size() >= kMaxMirrors) evict_mirrors(0);
+  MirrorSlot& slot = mirrors_[&cache];
+  if (!slot.mirror) slot.mirror = std::make_unique<KvMirror>(p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v);
+  slot.last_use = batch_tick_;
+  if (const size_t grow = slot.mirror->growth_bytes(cache, n_new); grow > 0) {
+    size_t free = 0, total = 0;
+    FRINK_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    // prepare() frees the old buffers before it allocates, so the growth must fit in what is
+    // free plus what they hold, with a margin left for the runtime.
+    constexpr size_t kMargin = size_t{256} << 20;
+    const size_t held = slot.mirror->bytes();
+    if (grow + kMargin > free + held) evict_mirrors(grow + kMargin - free - held);
+  }
+  slot.mirror->prepare(cache, n_new, stream_, hooks_.trust_stale_mirror);
+  return *slot.mirror;
+}
+
+// Frees mirrors not used by the current batch, least recently used first, until bytes_wanted
+// are freed (0: only down to kMaxMirrors / 2 mirrors). Cached token graphs may still name
+// their buffers; one is replayed only when its key (which holds every mirror address) matches
+// the live mirrors exactly, so a freed address reused by a new mirror is then that mirror's.
+void CudaBackend::evict_mirrors(size_t bytes_wanted) {
+  std::vector<std::pair<uint64_t, const KvCache*>> lru;
+  for (const auto& [cache, slot] : mirrors_)
+    if (slot.last_use != batch_tick_) lru.emplace_back(slot.last_use, cache);
+  std::sort(lru.begin(), lru.end());
+  FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing in flight may still read them
+  size_t freed = 0;
+  for (const auto& [tick, cache] : lru) {
+    if (bytes_wanted > 0 ? freed >= bytes_wanted : mirrors_.size() <= kMaxMirrors / 2) break;
+    freed += mirrors_[cache].mirror->bytes();
+    mirrors_.erase(cache);
+  }
+  FRINK_LOG_DEBUG("device: evicted KV mirrors, {:.1f} MiB freed, {} left", freed / 1048576.0, mirrors_.size());
 }
 
 CudaBackend::Pending CudaBackend::add_pending(KvCache& cache, KvMirror& mirror) {
@@ -340,8 +385,7 @@ void CudaBackend::run_layer(int64_t il, KvCache& cache) {
   const LayerPlan& p = m_.hp.layers[static_cast<size_t>(il)];
   FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_layer on refused layer {}", il);
   FRINK_ASSERT(cache.rows() == pos0_, "cache has {} rows at position {}", cache.rows(), pos0_);
-  KvMirror& mirror = mirror_for(cache, p);
-  mirror.prepare(cache, n_tok_, stream_, hooks_.trust_stale_mirror);
+  KvMirror& mirror = ready_mirror(cache, p, n_tok_);
   enqueue_layer(il, mirror, add_pending(cache, mirror), pos0_ + n_tok_);
 }
 
@@ -542,8 +586,7 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
     FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_token with refused layer {}", il);
     KvCache& cache = *caches[static_cast<size_t>(il)];
     FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
-    KvMirror& mirror = mirror_for(cache, p);
-    mirror.prepare(cache, 1, stream_, hooks_.trust_stale_mirror);
+    KvMirror& mirror = ready_mirror(cache, p, 1);
     mirrors.push_back(&mirror);
     part = std::max(part, attn_partial_floats(1, max_keys, p.n_head, p.head_dim_v));
   }

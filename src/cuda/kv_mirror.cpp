@@ -29,6 +29,13 @@ uint64_t KvMirror::fingerprint(const KvCache& cache) {
   return h;
 }
 
+size_t KvMirror::growth_bytes(const KvCache& cache, int64_t n_new) const {
+  const int64_t need = cache.rows() + n_new;
+  if (need <= capacity_) return 0;
+  return static_cast<size_t>(mirror_capacity_for(need, cache.planned_capacity()) * (k_width_ + v_width_)) *
+         sizeof(float);
+}
+
 void KvMirror::prepare(const KvCache& cache, int64_t n_new, cudaStream_t stream, bool trust_stale) {
   FRINK_ASSERT(cache.k_width() == k_width_ && cache.v_width() == v_width_, "mirror of another shape");
   const int64_t rows = cache.rows(), need = rows + n_new;

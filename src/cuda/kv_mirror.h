@@ -41,6 +41,9 @@ class KvMirror {
   void prepare(const KvCache& cache, int64_t n_new, cudaStream_t stream, bool trust_stale);
   // After the new rows reached the host cache: the mirror is current again.
   void caught_up(const KvCache& cache);
+  // Device bytes prepare(cache, n_new) would allocate (0: no growth), and bytes held now.
+  size_t growth_bytes(const KvCache& cache, int64_t n_new) const;
+  size_t bytes() const { return static_cast<size_t>(capacity_ * (k_width_ + v_width_)) * sizeof(float); }
 
   float* k_rows(int64_t row) { return k_ + row * k_width_; }
   float* v_rows(int64_t row) { return v_ + row * v_width_; }
