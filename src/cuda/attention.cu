@@ -21,14 +21,33 @@ constexpr int kPer = kAttnMaxHeadDim / 32;  // head-dim elements per lane
 
 __host__ __device__ int64_t n_split_for(int64_t n_keys) { return (n_keys + kAttnChunk - 1) / kAttnChunk; }
 
+// The keys query t sees: [first, end), end = pos + 1; a window keeps the last `window` of
+// them (llama.cpp's is_masked_swa, standard type, as the host).
+struct KeyRange {
+  int64_t pos, first, end;
+};
+__device__ __forceinline__ KeyRange key_range(const AttnParams& p, int64_t t) {
+  const int64_t pos = *p.pos + t;
+  return {pos, p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : int64_t{0}, pos + 1};
+}
+
+// Q.K of key j for head h's query at pos -> its logit: scale, softcap, then the ALiBi bias
+// (the host's order).
+__device__ __forceinline__ float attn_logit(const AttnParams& p, float dot, int64_t h, int64_t pos, int64_t j) {
+  float s = dot * p.scale;
+  if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+  if (p.alibi_slopes) s -= p.alibi_slopes[h] * static_cast<float>(pos - j);
+  return s;
+}
+
 __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p, int64_t n_split) {
   const int64_t split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hk = h / (p.n_head / p.n_head_kv);
-  const int64_t n_keys = *p.pos + t + 1;
-  const int64_t begin = split * kAttnChunk, end = min(n_keys, begin + kAttnChunk);
-  if (begin >= n_keys) return;  // a split past this query's keys (the grid is sized by max_keys):
-                                // the merge reads only the splits that hold keys
+  const KeyRange kr = key_range(p, t);
+  const int64_t begin = max(split * kAttnChunk, kr.first), end = min(kr.end, split * kAttnChunk + kAttnChunk);
+  if (begin >= end) return;  // a split outside this query's keys (the grid is sized by max_keys;
+                             // a window starts late): the merge reads only splits with keys
   const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
 
@@ -48,8 +67,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p,
       if (lane + 32 * i < hdk) s += q[i] * kj[lane + 32 * i];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    s *= p.scale;
-    if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+    s = attn_logit(p, s, h, kr.pos, j);
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), e = expf(s - m_new);
     l = l * corr + e;
@@ -94,15 +112,18 @@ __global__ void attn_merge_kernel(AttnParams p, int64_t n_split) {
   const int64_t h = blockIdx.x, t = blockIdx.y;
   const int64_t stride = 2 + p.head_dim_v;
   const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
-  const int64_t used = min(n_split, n_split_for(*p.pos + t + 1));  // min: never past the grid
-  float mm = -INFINITY;
-  for (int64_t s = 0; s < used; ++s) mm = fmaxf(mm, part[s * stride]);
-  float ll = 0.0f;
-  for (int64_t s = 0; s < used; ++s) ll += part[s * stride + 1] * expf(part[s * stride] - mm);
+  // The splits that hold keys of this query: [s0, s1) (min: never past the grid).
+  const KeyRange kr = key_range(p, t);
+  const int64_t s0 = kr.first / kAttnChunk, s1 = min(n_split, n_split_for(kr.end));
+  // A sink is one more logit in the denominator: a split of weight exp(sink - mm), no value.
+  float mm = p.sinks ? p.sinks[h] : -INFINITY;
+  for (int64_t s = s0; s < s1; ++s) mm = fmaxf(mm, part[s * stride]);
+  float ll = p.sinks ? expf(p.sinks[h] - mm) : 0.0f;
+  for (int64_t s = s0; s < s1; ++s) ll += part[s * stride + 1] * expf(part[s * stride] - mm);
   float* out = p.out + t * p.n_head * p.head_dim_v + h * p.head_dim_v;
   for (int64_t d = threadIdx.x; d < p.head_dim_v; d += blockDim.x) {
     float a = 0.0f;
-    for (int64_t s = 0; s < used; ++s) a += part[s * stride + 2 + d] * expf(part[s * stride] - mm);
+    for (int64_t s = s0; s < s1; ++s) a += part[s * stride + 2 + d] * expf(part[s * stride] - mm);
     out[d] = a / ll;
   }
 }
@@ -147,19 +168,24 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, int64_t hk, in
   }
 }
 
-// One warp, query row q (in shared memory): the tile's keys j0 + j with j < n_tile and
-// j0 + j < n_keys update st. Precondition: j0 < n_keys (so the tile's max is finite).
+// Whether the tile [j0, j0 + n_tile) holds any key of range kr (warp-uniform).
+__device__ __forceinline__ bool tile_sees(const KeyRange& kr, int64_t j0, int n_tile) {
+  return j0 < kr.end && j0 + n_tile > kr.first;
+}
+
+// One warp, head h's query row q (in shared memory): the tile's keys j0 + j with j < n_tile
+// inside kr update st. Precondition: tile_sees(kr, j0, n_tile) (so the tile's max is finite).
 __device__ __forceinline__ void attend_tile(const AttnParams& p, const float* q, const KvTile& sm, int64_t j0,
-                                            int n_tile, int64_t n_keys, Online& st) {
+                                            int n_tile, const KeyRange& kr, int64_t h, Online& st) {
   const int lane = threadIdx.x % 32;
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
+  const int64_t j = j0 + lane;
   float s = -INFINITY;
-  if (lane < n_tile && j0 + lane < n_keys) {
-    const float* kr = sm.k + lane * (hdk | 1);
+  if (lane < n_tile && j >= kr.first && j < kr.end) {
+    const float* krow = sm.k + lane * (hdk | 1);
     float dot = 0.0f;
-    for (int d = 0; d < hdk; ++d) dot += q[d] * kr[d];
-    s = dot * p.scale;
-    if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+    for (int d = 0; d < hdk; ++d) dot += q[d] * krow[d];
+    s = attn_logit(p, dot, h, kr.pos, j);
   }
   float m_tile = s;
 #pragma unroll
@@ -188,9 +214,9 @@ __global__ void __launch_bounds__(kTileWarps * 32) attn_prefill_kernel(AttnParam
   const int64_t h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileWarps, t = t0 + warp;
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
-  const int64_t pos0 = *p.pos;
-  const int64_t n_keys = pos0 + t + 1;                             // this warp's query
-  const int64_t block_keys = pos0 + min(p.n_tok, t0 + kTileWarps);  // the block's last query
+  const KeyRange kr = key_range(p, t);                                            // this warp's query
+  const int64_t block_first = key_range(p, t0).first;                             // the block's first query
+  const int64_t block_end = key_range(p, min(p.n_tok, t0 + kTileWarps) - 1).end;  // and its last
   const bool live = t < p.n_tok;
 
   if (live) {
@@ -198,18 +224,25 @@ __global__ void __launch_bounds__(kTileWarps * 32) attn_prefill_kernel(AttnParam
     for (int d = lane; d < hdk; d += 32) sm.q[warp][d] = qh[d];
   }
   Online st;
-  for (int64_t j0 = 0; j0 < block_keys; j0 += kTileKeys) {
+  for (int64_t j0 = block_first; j0 < block_end; j0 += kTileKeys) {
     __syncthreads();  // the previous tile is no longer read (and q is written, the first time)
-    const int n_tile = static_cast<int>(min(static_cast<int64_t>(kTileKeys), block_keys - j0));
+    const int n_tile = static_cast<int>(min(static_cast<int64_t>(kTileKeys), block_end - j0));
     load_kv_tile(p, hk, j0, n_tile, sm);
     __syncthreads();
-    if (live && j0 < n_keys) attend_tile(p, sm.q[warp], sm, j0, n_tile, n_keys, st);  // warp-uniform
+    if (live && tile_sees(kr, j0, n_tile)) attend_tile(p, sm.q[warp], sm, j0, n_tile, kr, h, st);  // warp-uniform
   }
   if (!live) return;
+  // A sink is one more logit in the denominator, weighting no value.
+  float l = st.l, c = 1.0f;
+  if (p.sinks) {
+    const float sink = p.sinks[h], mm = fmaxf(st.m, sink);
+    c = expf(st.m - mm);
+    l = l * c + expf(sink - mm);
+  }
   float* out = p.out + t * p.n_head * p.head_dim_v + h * p.head_dim_v;
 #pragma unroll
   for (int i = 0; i < kTilePer; ++i)
-    if (lane + 32 * i < hdv) out[lane + 32 * i] = st.acc[i] / st.l;
+    if (lane + 32 * i < hdv) out[lane + 32 * i] = st.acc[i] * c / l;
 }
 
 // Split-K decode for grouped heads: grid (n_split, n_head_kv, n_tok); warp w takes query head
@@ -220,9 +253,9 @@ __global__ void __launch_bounds__(kTileWarps * 32) attn_gqa_partial_kernel(AttnP
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t split = blockIdx.x, hk = blockIdx.y, t = blockIdx.z;
   const int64_t group = p.n_head / p.n_head_kv, h = hk * group + warp;
-  const int64_t n_keys = *p.pos + t + 1;
-  const int64_t begin = split * kAttnChunk, end = min(n_keys, begin + kAttnChunk);
-  if (begin >= n_keys) return;  // block-uniform: a split past this token's keys (the merge skips it)
+  const KeyRange kr = key_range(p, t);
+  const int64_t begin = max(split * kAttnChunk, kr.first), end = min(kr.end, split * kAttnChunk + kAttnChunk);
+  if (begin >= end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
   const bool live = warp < group;
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
   if (live) {
@@ -235,7 +268,7 @@ __global__ void __launch_bounds__(kTileWarps * 32) attn_gqa_partial_kernel(AttnP
     const int n_tile = static_cast<int>(min(static_cast<int64_t>(kTileKeys), end - j0));
     load_kv_tile(p, hk, j0, n_tile, sm);
     __syncthreads();
-    if (live) attend_tile(p, sm.q[warp], sm, j0, n_tile, n_keys, st);
+    if (live) attend_tile(p, sm.q[warp], sm, j0, n_tile, kr, h, st);
   }
   if (!live) return;
   float* out = p.partial + ((t * p.n_head + h) * n_split + split) * (2 + p.head_dim_v);

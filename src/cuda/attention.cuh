@@ -4,8 +4,9 @@
 // kernel (attention.cu). Otherwise split-K over the sequence (flash-decoding): the keys are cut
 // into chunks of kAttnChunk, each (token, head or group of heads sharing a KV head, chunk)
 // block computes a partial softmax (max, sum, weighted V), and a second kernel merges the
-// chunks, so a long context keeps every SM busy at batch 1. GQA (n_head a multiple of n_head_kv) and a logit softcap are
-// supported; windows, sinks and ALiBi are refused upstream (check_layer), never here.
+// chunks, so a long context keeps every SM busy at batch 1. GQA (n_head a multiple of
+// n_head_kv), a logit softcap, sliding windows, ALiBi and attention sinks are supported, each
+// as the host body (cpu/layer_body.cpp attend) has it.
 #pragma once
 
 #include <cstddef>
@@ -36,6 +37,10 @@ struct AttnParams {
   int64_t n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
   float scale = 1.0f;         // multiplies Q.K
   float softcap = 0.0f;       // > 0: scores -> c * tanh(scores / c)
+  int64_t window = 0;         // > 0: a query at pos sees keys j with pos - j < window only
+  const float* alibi_slopes = nullptr;  // [n_head] or null: score -= slope[h] * (pos - j)
+  const float* sinks = nullptr;         // [n_head] or null: an extra logit in each softmax's
+                                        // denominator (gpt-oss), weighting no value
   float* partial = nullptr;   // scratch of attn_partial_floats(...) floats
   cudaStream_t stream = nullptr;
 };

@@ -467,6 +467,9 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   a.head_dim_v = p.head_dim_v;
   a.scale = p.attn_scale;
   a.softcap = p.attn_softcap;
+  a.window = p.window;
+  a.alibi_slopes = d.alibi_slopes;
+  a.sinks = d.attn_sinks;
   a.partial = partial_.f();
   a.stream = stream_;
   launch_attention(a);

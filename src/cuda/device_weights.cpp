@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "cpu/ops.h"
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/matmul.cuh"
@@ -23,9 +24,6 @@ Refusal device_refusal(const Model& m, int64_t il) {
   const LayerPlan& p = m.hp.layers[static_cast<size_t>(il)];
   const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
   if (p.attn == AttnKind::kMla) return Refusal::kShape;  // latent attention: host only (src/cpu/mla_attention.h)
-  if (p.window > 0) return Refusal::kWindow;
-  if (p.alibi) return Refusal::kAlibi;
-  if (p.attn_sinks) return Refusal::kSinks;
   if (p.ffn == FfnKind::kMoe) return Refusal::kMoe;
   if (p.qk_norm_full) return Refusal::kShape;
   if (p.rope.ext_factor != 0.0f && !p.rope.yarn_truncate) return Refusal::kRope;
@@ -74,6 +72,12 @@ DeviceWeights::DeviceWeights(const Model& m) {
     d.ffn_gate = linear(w.ffn_gate);
     d.ffn_up = linear(w.ffn_up);
     d.ffn_down = linear(w.ffn_down);
+    if (p.alibi) {
+      std::vector<float> slopes(static_cast<size_t>(p.n_head));
+      for (int64_t h = 0; h < p.n_head; ++h) slopes[static_cast<size_t>(h)] = cpu::alibi_slope(h, p.n_head, hp.max_alibi_bias);
+      d.alibi_slopes = upload_values(slopes);
+    }
+    if (p.attn_sinks) d.attn_sinks = upload_vec(w.attn_sinks, p.n_head);
   }
   if (device_refusal(m, hp.n_layer) == Refusal::kNone) {
     output_norm = norm(m.w.output_norm, hp.n_embd);
@@ -104,6 +108,15 @@ const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
   bytes_ += n_bytes;
   uploaded_[host] = d;
   return d;
+}
+
+const float* DeviceWeights::upload_values(const std::vector<float>& v) {
+  void* d = nullptr;
+  FRINK_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(float)));
+  allocations_.push_back(d);
+  FRINK_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  bytes_ += v.size() * sizeof(float);
+  return static_cast<const float*>(d);
 }
 
 const float* DeviceWeights::upload_vec(const float* host, int64_t n) {

@@ -33,6 +33,8 @@ struct DeviceNorm {
 struct DeviceLayer {
   DeviceNorm attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm;
   DeviceLinear wq, wk, wv, wqkv, wo, ffn_gate, ffn_up, ffn_down;
+  const float* alibi_slopes = nullptr;  // [n_head] (plan.alibi), or null
+  const float* attn_sinks = nullptr;    // [n_head] (plan.attn_sinks), or null
 };
 
 // Why layer il (or, for il == n_layer, the output head) cannot run on the device; pure.
@@ -55,6 +57,7 @@ class DeviceWeights {
  private:
   const void* upload(const void* host, size_t n_bytes);
   const float* upload_vec(const float* host, int64_t n);
+  const float* upload_values(const std::vector<float>& v);  // computed here, never shared
   DeviceLinear linear(const Linear& l);
   DeviceNorm norm(const Norm& n, int64_t len);
 
