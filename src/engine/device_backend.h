@@ -25,9 +25,6 @@ enum class Refusal : uint8_t {
   kNone = 0,
   kNoDevice,      // --device auto on a machine (or build) without a usable GPU
   kForcedByTest,  // DeviceHooks::refuse_layer: a test makes one layer take the host path
-  kWindow,        // sliding-window attention
-  kSinks,         // attention sinks
-  kAlibi,         // ALiBi position bias
   kQuantType,     // a weight's block type has no device kernel
   kShape,         // a head width or layout the kernels were not written for
   kRope,          // a RoPE variant the device does not implement
@@ -40,9 +37,6 @@ constexpr std::string_view refusal_name(Refusal r) {
     case Refusal::kNone: return "ran";
     case Refusal::kNoDevice: return "no-device";
     case Refusal::kForcedByTest: return "forced-by-test";
-    case Refusal::kWindow: return "window";
-    case Refusal::kSinks: return "sinks";
-    case Refusal::kAlibi: return "alibi";
     case Refusal::kQuantType: return "quant-type";
     case Refusal::kShape: return "shape";
     case Refusal::kRope: return "rope";
@@ -63,7 +57,7 @@ struct RefusalCounts {
     for (size_t i = 1; i < n.size(); ++i) s += n[i];
     return s;
   }
-  // "ran 320, window 64": non-zero entries only; "none" when nothing was counted.
+  // "ran 320, moe 64": non-zero entries only; "none" when nothing was counted.
   std::string summary() const {
     std::string out;
     for (size_t i = 0; i < n.size(); ++i) {
