@@ -45,7 +45,7 @@ struct BenchRow {
   // Layer evaluations (and output heads) the device path refused during the row's runs, read
   // from the Decoder's refusal counters; empty on the host path.
   std::optional<int64_t> refused_layers;
-  std::string refusals;                   // per reason, "ran 4128, window 64"
+  std::string refusals;                   // per reason, "ran 4128, moe 64"
   std::string backend = "CPU";            // where the layers ran: "CPU" or "CUDA"
 };
 
