@@ -102,9 +102,11 @@ class CudaBackend final : public DeviceBackend {
   cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
                                   std::span<const Pending> pds, int64_t max_keys, bool argmax);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
-  void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
+  // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual).
+  void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+              const float* residual = nullptr);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
-  void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out);
+  void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
   void flush();  // waits, then lands pending K/V rows on the host
 
   const Model& m_;
@@ -283,8 +285,11 @@ MatmulParams CudaBackend::matmul_params(const DeviceLinear& l, const float* x, i
   return p;
 }
 
-void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride) {
-  launch_matmul(matmul_params(l, x, x_stride, y, y_stride));
+void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+                         const float* residual) {
+  MatmulParams p = matmul_params(l, x, x_stride, y, y_stride);
+  p.residual = residual;
+  launch_matmul(p);
 }
 
 void CudaBackend::norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len,
@@ -304,8 +309,9 @@ void CudaBackend::norm_rows(const DeviceNorm& n, const float* x, float* y, int64
   launch_norm(p);
 }
 
-// The feed-forward block on normed h [n_tok][n_embd] -> out [n_tok][n_embd] (cpu ffn()).
-void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out) {
+// The feed-forward block on normed h [n_tok][n_embd] -> out [n_tok][n_embd] (cpu ffn()), plus
+// residual when given (matmul's rule).
+void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual) {
   const int64_t E = m_.hp.n_embd, n_ff = p.n_ff;
   GluParams g;
   g.out = hidden_.f();
@@ -332,7 +338,7 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
     g.gate_stride = n_ff;
   }
   launch_glu(g);
-  matmul(d.ffn_down, hidden_.f(), n_ff, out, E);
+  matmul(d.ffn_down, hidden_.f(), n_ff, out, E, residual);
 }
 
 KvMirror& CudaBackend::ready_mirror(KvCache& cache, const LayerPlan& p, int64_t n_new) {
@@ -473,23 +479,37 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   a.partial = partial_.f();
   a.stream = stream_;
   launch_attention(a);
-  // o_proj(attn_output) (+ the sandwich norm)
-  matmul(d.wo, attn_.f(), p.n_head * p.head_dim_v, o_.f(), E);
-  if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
-
+  const int64_t o_in = p.n_head * p.head_dim_v;
+  // Decode batches add the residual in the products' epilogue (x = x + W h, one launch):
+  // where a sandwich norm sits between product and add, or a batch takes cuBLAS, the add
+  // stays a kernel. Bit for bit the same sum either way (x + o == o + x).
+  const bool fuse = n <= kMatvecMaxTok;
   if (p.parallel_residual) {
     // x + attn(ln(x)) + mlp(ln(x)): the FFN reads the same normed input (or its own norm)
+    matmul(d.wo, attn_.f(), o_in, o_.f(), E);
+    if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
     if (d.ffn_norm.w) norm_rows(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
-    ffn(p, d, h_.f(), f_.f());
+    ffn(p, d, h_.f(), f_.f(), nullptr);
     launch_add(x_.f(), x_.f(), o_.f(), f_.f(), n * E, stream_);
     return;
   }
-  // x = x + attn ; x = x + mlp(post_attention_layernorm(x))
-  launch_add(x_.f(), x_.f(), o_.f(), nullptr, n * E, stream_);
+  // x = x + o_proj(attn_output) (+ the sandwich norm before the add)
+  if (fuse && !p.post_attn_norm) {
+    matmul(d.wo, attn_.f(), o_in, x_.f(), E, x_.f());
+  } else {
+    matmul(d.wo, attn_.f(), o_in, o_.f(), E);
+    if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
+    launch_add(x_.f(), x_.f(), o_.f(), nullptr, n * E, stream_);
+  }
+  // x = x + mlp(post_attention_layernorm(x))
   norm_rows(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
-  ffn(p, d, h_.f(), f_.f());
-  if (p.post_ffn_norm) norm_rows(d.post_ffn_norm, f_.f(), f_.f(), n, E, E, ln);
-  launch_add(x_.f(), x_.f(), f_.f(), nullptr, n * E, stream_);
+  if (fuse && !p.post_ffn_norm) {
+    ffn(p, d, h_.f(), x_.f(), x_.f());
+  } else {
+    ffn(p, d, h_.f(), f_.f(), nullptr);
+    if (p.post_ffn_norm) norm_rows(d.post_ffn_norm, f_.f(), f_.f(), n, E, E, ln);
+    launch_add(x_.f(), x_.f(), f_.f(), nullptr, n * E, stream_);
+  }
 }
 
 // Final norm, output projection (and softcap) of residual rows [first, first + n) into

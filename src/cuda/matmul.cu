@@ -34,7 +34,13 @@ struct Args {
   const float* bias;
   float scale;
   bool bias_before_scale;
+  const float* residual;  // matrix-vector kernels: added to y (stride y_stride; may alias y)
 };
+
+Args args_of(const MatmulParams& p) {
+  return {static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
+          p.x, p.y, p.bias, p.scale, p.bias_before_scale, p.residual};
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -55,7 +61,11 @@ __device__ __forceinline__ void store_row(const Args& a, int64_t row, const floa
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float v = warp_sum(acc[t]);
-    if (threadIdx.x % 32 == 0) a.y[t * a.y_stride + row] = epilogue(a, row, v);
+    if (threadIdx.x % 32 == 0) {
+      float* y = a.y + t * a.y_stride + row;
+      // The residual read before y is written: they may be the same element.
+      *y = a.residual ? epilogue(a, row, v) + a.residual[t * a.y_stride + row] : epilogue(a, row, v);
+    }
   }
 }
 
@@ -274,6 +284,7 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
     Args a = a0;
     a.x = p.x + t0 * p.x_stride;
     a.y = p.y + t0 * p.y_stride;
+    a.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
     const int64_t left = p.n_tok - t0;
     if (left >= 4) {
       matvec_kernel<T, 4><<<grid, kWarpsPerBlock * 32, 0, p.stream>>>(a);
@@ -375,6 +386,7 @@ void matvec_q8_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
   for (int64_t t0 = 0; t0 < p.n_tok;) {
     Args a = a0;
     a.y = p.y + t0 * p.y_stride;
+    a.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
     const int64_t left = p.n_tok - t0;
     if (left >= 4) {
       matvec_q8_kernel<T, 4><<<grid, kQWarps * 32, 0, p.stream>>>(a, xq + t0 * p.n_in, xd + t0 * n_blk);
@@ -538,6 +550,7 @@ void matvec_q8k_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
   for (int64_t t0 = 0; t0 < p.n_tok;) {
     Args a = a0;
     a.y = p.y + t0 * p.y_stride;
+    a.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
     const Q8KAct xt{x.q + t0 * p.n_in, x.d + t0 * (p.n_in / 256), x.sum + t0 * (p.n_in / 32)};
     const int64_t step = p.n_tok - t0 >= 4 ? 4 : 1;
     if constexpr (T == kQ4_K) {
@@ -605,16 +618,14 @@ void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
   MatmulParams p = p_in;
   if constexpr (T == kQ4_0 || T == kQ8_0) {
     if (kind == kActDp4a) {
-      const Args a{static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
-                   p.x, p.y, p.bias, p.scale, p.bias_before_scale};
+      const Args a = args_of(p);
       matvec_q8_launch<T>(p, a, x_ready);
       return;
     }
   }
   if constexpr (T == kQ4_K || T == kQ6_K) {
     if (kind == kActDp4aK) {
-      const Args a{static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
-                   p.x, p.y, p.bias, p.scale, p.bias_before_scale};
+      const Args a = args_of(p);
       matvec_q8k_launch<T>(p, a, x_ready);
       return;
     }
@@ -624,8 +635,7 @@ void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
     p.x = p.act_round;
     p.x_stride = p.n_in;
   }
-  Args a{static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
-         p.x, p.y, p.bias, p.scale, p.bias_before_scale};
+  const Args a = args_of(p);
   if (p.n_tok <= kMatvecMaxTok)
     matvec_launch<T>(p, a);
   else
@@ -652,6 +662,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const MatmulParams& p = ps[i];
     const MatmulParams& p0 = ps[0];
     FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out &&
+                             (!p.residual || p.n_tok <= kMatvecMaxTok) &&
                              p.x == p0.x && p.x_stride == p0.x_stride && p.n_in == p0.n_in && p.n_tok == p0.n_tok &&
                              p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream
                          ? cudaSuccess

@@ -27,6 +27,9 @@ struct MatmulParams {
   const float* bias = nullptr;  // [n_out] or null
   float scale = 1.0f;
   bool bias_before_scale = false;
+  // Matrix-vector batches only (n_tok <= kMatvecMaxTok): y = product + residual, residual
+  // [n_tok][y_stride] and possibly y itself (x = x + W h in one launch, no add kernel).
+  const float* residual = nullptr;
   // cuBLAS path only: handle bound to `stream`, and f16 scratch of scratch_elems elements.
   cublasHandle_t blas = nullptr;
   void* scratch = nullptr;

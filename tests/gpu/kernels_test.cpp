@@ -197,6 +197,31 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
   cublasDestroy(blas);
 }
 
+// A residual added in the epilogue, into y itself (x = x + W h), equals the product followed
+// by the add, bit for bit, on every matrix-vector kernel and across the 4 + 1 token split.
+TEST(CudaKernels, ResidualInTheEpilogueEqualsAnAdd) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(37);
+  const int64_t n_in = 512, n_out = 48;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_1, GgmlType::F16}) {
+    for (int64_t n_tok : {1, 5}) {
+      const RandomWeights w = random_weights(rng, t, n_in, n_out);
+      const auto x = random_floats(rng, n_in * n_tok), r = random_floats(rng, n_out * n_tok);
+      Dev<uint8_t> dw(w.bytes);
+      Dev<float> dx(x), dy(static_cast<size_t>(n_out * n_tok)), dr(r), dact(x.size());
+      cuda::MatmulParams p = mat_params(t, dw.p, n_in, n_out, dx.p, n_tok, dy.p);
+      p.act_round = dact.p;
+      cuda::launch_matmul(p);
+      auto expect = dy.get();
+      for (size_t i = 0; i < expect.size(); ++i) expect[i] += r[i];
+      p.y = dr.p;
+      p.residual = dr.p;  // in place, as the backend does with the residual stream
+      cuda::launch_matmul(p);
+      EXPECT_EQ(dr.get(), expect) << ggml_type_name(t) << " n_tok " << n_tok;
+    }
+  }
+}
+
 // launch_matmuls (products of one input prepared once) gives bit for bit what separate
 // launch_matmul calls give, for groups that share one preparation, that alternate between
 // forms (int8 Q8_0 and Q8 blocks; int8 Q8_K and Q8_K values, as a Q5_K_M file does), on both
