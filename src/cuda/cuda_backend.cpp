@@ -447,10 +447,9 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     r.x = q_.f();
     r.row_stride = q_w;
     r.n_head = p.n_head;
-    launch_rope(r);
-    r.x = k_.f();
-    r.row_stride = k_w;
-    r.n_head = p.n_head_kv;
+    r.x2 = k_.f();
+    r.row_stride2 = k_w;
+    r.n_head2 = p.n_head_kv;
     launch_rope(r);
   }
   // The new rows: into the mirror at pos0, and back to the host cache (landed by flush()).

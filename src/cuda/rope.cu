@@ -18,10 +18,12 @@ __device__ float yarn_ramp(float low, float high, int i0) {
 }
 
 __global__ void rope_kernel(RopeLaunch p, float theta_scale, float corr0, float corr1) {
-  const int64_t n_pairs = p.n_rot / 2;
+  const int64_t n_pairs = p.n_rot / 2, heads = p.n_head + p.n_head2;
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i >= p.n_tok * p.n_head * n_pairs) return;
-  const int64_t pair = i % n_pairs, h = (i / n_pairs) % p.n_head, t = i / (n_pairs * p.n_head);
+  if (i >= p.n_tok * heads * n_pairs) return;
+  const int64_t pair = i % n_pairs, hh = (i / n_pairs) % heads, t = i / (n_pairs * heads);
+  const bool second = hh >= p.n_head;  // heads of x2 follow those of x
+  const int64_t h = second ? hh - p.n_head : hh;
   const int i0 = static_cast<int>(2 * pair);
   float theta_base = static_cast<float>(*p.pos + t);
   for (int64_t k = 0; k < pair; ++k) theta_base *= theta_scale;
@@ -35,7 +37,7 @@ __global__ void rope_kernel(RopeLaunch p, float theta_scale, float corr0, float 
     mscale *= 1.0f + 0.1f * logf(1.0f / p.freq_scale);
   }
   const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
-  float* v = p.x + t * p.row_stride + h * p.head_dim;
+  float* v = second ? p.x2 + t * p.row_stride2 + h * p.head_dim : p.x + t * p.row_stride + h * p.head_dim;
   const int64_t a = p.neox ? pair : i0, b = p.neox ? pair + p.n_rot / 2 : i0 + 1;
   const float x0 = v[a], x1 = v[b];
   v[a] = x0 * c - x1 * s;
@@ -49,7 +51,7 @@ float corr_dim(int64_t n_dims, int64_t n_ctx_orig, float n_rot, float base) {
 }  // namespace
 
 void launch_rope(const RopeLaunch& p) {
-  const int64_t n = p.n_tok * p.n_head * (p.n_rot / 2);
+  const int64_t n = p.n_tok * (p.n_head + p.n_head2) * (p.n_rot / 2);
   if (n == 0) return;
   float corr0 = 0, corr1 = 0;
   if (p.ext_factor != 0.0f) {

@@ -12,6 +12,8 @@ struct RopeLaunch {
   float* x = nullptr;         // [n_tok][row_stride], heads of head_dim from the row start
   int64_t row_stride = 0;
   int64_t n_tok = 0, n_head = 0, head_dim = 0;
+  float* x2 = nullptr;        // optional second tensor, same positions (K beside Q: one launch)
+  int64_t row_stride2 = 0, n_head2 = 0;
   const int32_t* pos = nullptr;  // device int: token t is at position *pos + t (device
                                  // memory, so a captured graph replays at any position)
   int64_t n_rot = 0;

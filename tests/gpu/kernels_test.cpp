@@ -327,11 +327,15 @@ TEST(CudaKernels, RopeMatchesHost) {
     }
     std::vector<float> ff(static_cast<size_t>(c.n_rot / 2));
     for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.1f * static_cast<float>(i);
-    auto x = random_floats(rng, n_tok * n_head * c.head_dim);
-    std::vector<float> ref = x;
-    for (int64_t t = 0; t < n_tok; ++t)
+    // x (3 heads a row) and a second tensor x2 (2 heads in rows of 3 heads' width) in one launch.
+    const int64_t n_head2 = 2;
+    auto x = random_floats(rng, n_tok * n_head * c.head_dim), x2 = random_floats(rng, n_tok * n_head * c.head_dim);
+    std::vector<float> ref = x, ref2 = x2;
+    for (int64_t t = 0; t < n_tok; ++t) {
       cpu::rope(rp, c.ff ? ff.data() : nullptr, ref.data() + t * n_head * c.head_dim, n_head, c.head_dim, c.pos0 + t);
-    Dev<float> dx(x), dff(ff);
+      cpu::rope(rp, c.ff ? ff.data() : nullptr, ref2.data() + t * n_head * c.head_dim, n_head2, c.head_dim, c.pos0 + t);
+    }
+    Dev<float> dx(x), dx2(x2), dff(ff);
     Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});  // positions live on the device
     cuda::RopeLaunch p;
     p.x = dx.p;
@@ -350,11 +354,21 @@ TEST(CudaKernels, RopeMatchesHost) {
     p.beta_slow = rp.beta_slow;
     p.n_ctx_orig = rp.n_ctx_orig;
     p.freq_factors = c.ff ? dff.p : nullptr;
+    p.x2 = dx2.p;
+    p.row_stride2 = n_head * c.head_dim;
+    p.n_head2 = n_head2;
     cuda::launch_rope(p);
-    const auto y = dx.get();
+    const auto y = dx.get(), y2 = dx2.get();
     // Same angle arithmetic as the host; cosf/sinf differ from glibc by ~1 ulp, times the
-    // angle (up to ~9000 rad) before range reduction: ~1e-12 expected, bound 1e-9.
+    // angle (up to ~9000 rad) before range reduction: ~1e-12 expected, bound 1e-9. The third
+    // head of each x2 row is not x2's: it must come back untouched.
     EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-9) << "head_dim " << c.head_dim << " pos0 " << c.pos0;
+    EXPECT_LT(nmse(y2.data(), ref2.data(), ref2.size()), 1e-9) << "x2: head_dim " << c.head_dim;
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        const size_t i = static_cast<size_t>((t * n_head + n_head2) * c.head_dim + d);
+        EXPECT_EQ(y2[i], x2[i]);
+      }
   }
 }
 
