@@ -42,6 +42,10 @@ void KvMirror::prepare(const KvCache& cache, int64_t n_new, cudaStream_t stream,
   if (need > capacity_) {
     const int64_t cap = mirror_capacity_for(need, cache.planned_capacity());
     FRINK_CUDA_CHECK(cudaStreamSynchronize(stream));  // earlier work may still read the old buffers
+    // Empty first: if an allocation below fails (device memory exhausted), the mirror holds
+    // nothing and says so, and the next prepare() allocates again instead of trusting null.
+    capacity_ = 0;
+    seq_len_ = -1;
     FRINK_CUDA_CHECK(cudaFree(k_));
     FRINK_CUDA_CHECK(cudaFree(v_));
     k_ = v_ = nullptr;

@@ -74,6 +74,7 @@ struct DeviceHooks {
   int64_t refuse_layer = -1;        // this layer always refuses with kForcedByTest
   bool trust_stale_mirror = false;  // SABOTAGE: the KV mirror skips its staleness re-upload
   bool no_token_graph = false;      // decode steps go layer by layer, never run_token
+  int64_t mirror_budget_bytes = 0;  // > 0: KV mirrors get this much device memory, not all free
 };
 
 // One device as the Decoder sees it. The residual stream of a batch lives on the device

@@ -160,15 +160,25 @@ TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
     EXPECT_EQ(b.whole_token_steps, 0) << rel;
     EXPECT_EQ(a.decode, b.decode) << rel;
     EXPECT_EQ(a.greedy, b.greedy) << rel;
-    // eval_greedy: the argmax taken on the device, the logits left there, the same tokens.
+    // eval_greedy (the argmax taken on the device, the logits left there) gives the same
+    // tokens; alternating it with logits steps on one Decoder also proves the two kinds of
+    // graph (with and without the argmax) are told apart. The prompt is evaluated as
+    // run_model does (all logits), so the first token comes from the same head.
     Decoder dec(*m, opts(DeviceChoice::kCuda, 512));
     Session s(*m, 0);
     std::vector<int32_t> prompt;
     for (int i = 0; i < 500; ++i) prompt.push_back(static_cast<int32_t>((1 + 7 * i * i + 3 * i) % m->hp.n_vocab));
     std::vector<float> logits;
-    dec.eval(s, prompt, false, logits);
-    std::vector<int32_t> greedy{greedy_token(logits.data(), m->hp.n_vocab)};
-    for (int i = 0; i < 30; ++i) greedy.push_back(dec.eval_greedy(s, greedy.back()));
+    dec.eval(s, prompt, true, logits);
+    std::vector<int32_t> greedy{greedy_token(logits.data() + 499 * m->hp.n_vocab, m->hp.n_vocab)};
+    for (int i = 0; i < 30; ++i) {
+      if (i % 2 == 0) {
+        greedy.push_back(dec.eval_greedy(s, greedy.back()));
+      } else {
+        dec.eval(s, {greedy.back()}, false, logits);
+        greedy.push_back(greedy_token(logits.data(), m->hp.n_vocab));
+      }
+    }
     EXPECT_EQ(greedy, a.greedy) << rel;
     EXPECT_EQ(dec.whole_token_steps(), 30) << rel;
   }
