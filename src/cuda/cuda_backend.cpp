@@ -42,6 +42,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/kv_mirror.h"
 #include "cuda/matmul.cuh"
+#include "cuda/moe.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
 
@@ -107,6 +108,10 @@ class CudaBackend final : public DeviceBackend {
               const float* residual = nullptr);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
   void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
+  void moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
+  // An expert product: slot s multiplies its routed expert with activation row s / x_div.
+  MatmulParams expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div, float* y,
+                             int64_t y_stride);
   void flush();  // waits, then lands pending K/V rows on the host
 
   const Model& m_;
@@ -116,20 +121,23 @@ class CudaBackend final : public DeviceBackend {
   std::vector<Refusal> refusal_;  // per layer, then the output head
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  // Mirrors by host cache. Nothing tells the device a Session ended, so mirrors of caches no
-  // batch has used for a while are evicted (least recently used first) when there are more
-  // than kMaxMirrors or a growth would not fit in device memory; a cache that comes back
-  // meets a fresh mirror and the staleness rule uploads its history.
+  // Mirrors by host cache. Nothing tells the device a Session ended, so when a mirror's
+  // allocation would not fit in device memory (or in hooks_.mirror_budget_bytes), mirrors
+  // of caches the current batch does not use are evicted, least recently used first; a cache
+  // that comes back meets a fresh mirror and the staleness rule uploads its history. Memory,
+  // not a count, triggers it: a count cap made sequences taking turns evict each other.
   struct MirrorSlot {
     std::unique_ptr<KvMirror> mirror;
     uint64_t last_use = 0;  // batch_tick_ of its last batch
   };
   std::unordered_map<const KvCache*, MirrorSlot> mirrors_;
   uint64_t batch_tick_ = 0;
-  static constexpr size_t kMaxMirrors = 1024;  // layers x sequences
 
   int64_t n_tok_ = 0, pos0_ = 0;
   DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
+  // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the
+  // shared expert's output and gate logit.
+  DevBuf moe_logits_, moe_ids_, moe_w_, moe_gu_, moe_hidden_, moe_y_, moe_sh_y_, moe_sh_g_;
   size_t scratch_elems_ = 0;
   float* staging_ = nullptr;  // pinned: new K/V rows on their way to the host caches
   DevBuf dstage_;             // the same rows on the device, at the same offsets
@@ -148,7 +156,7 @@ class CudaBackend final : public DeviceBackend {
   };
   static constexpr size_t kMaxTokenGraphs = 8;
   std::vector<TokenGraph> token_graphs_;
-  int64_t n_captures_ = 0;
+  int64_t n_captures_ = 0, n_evictions_ = 0;
 };
 
 CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
@@ -167,7 +175,7 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   for (TokenGraph& g : token_graphs_) cudaGraphExecDestroy(g.exec);
-  FRINK_LOG_DEBUG("device: {} token graph capture(s)", n_captures_);
+  FRINK_LOG_DEBUG("device: {} token graph capture(s), {} mirror eviction(s)", n_captures_, n_evictions_);
   cudaFree(pos_dev_);
   cudaFreeHost(pos_host_);
   cudaFree(argmax_dev_);
@@ -185,14 +193,127 @@ std::string CudaBackend::describe() const {
                      info_.sm_major, info_.sm_minor, w_.bytes() / 1073741824.0, refused, refusal_.size());
 }
 
+MatmulParams CudaBackend::expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div,
+                                        float* y, int64_t y_stride) {
+  MatmulParams p;
+  p.type = x.type;
+  p.w = x.w;
+  p.row_bytes = x.row_bytes;
+  p.n_in = x.n_in;
+  p.n_out = x.n_out;
+  p.x = in;
+  p.x_stride = x.n_in;
+  p.y = y;
+  p.y_stride = y_stride;
+  p.n_tok = n_rows;
+  p.bias = x.b;
+  p.act_round = act_.f();
+  p.stream = stream_;
+  p.slot_expert = static_cast<const int32_t*>(moe_ids_.p);
+  p.n_slots = n_rows * x_div;
+  p.x_div = x_div;
+  p.expert_bytes = x.expert_bytes;
+  p.expert_scale = x.scale;
+  return p;
+}
+
+// The mixture-of-experts block on normed h [n_tok][n_embd] -> out (+ residual), the host's
+// moe_ffn (cpu/moe.cpp) step by step, every step on the device: router product, routing,
+// gate|up of each token's chosen experts, GLU, down, the weighted sum with the shared expert.
+void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out,
+                          const float* residual) {
+  const MoePlan& mp = p.moe;
+  const int64_t E = m_.hp.n_embd, n = n_tok_, k = mp.n_expert_used, F = mp.n_ff_exp, S = n * k;
+  // logits = self.gate(hidden_states); chosen experts and their weights, on the device
+  matmul(d.router, h, E, moe_logits_.f(), mp.n_expert);
+  RouteParams r;
+  r.logits = moe_logits_.f();
+  r.sel_bias = d.exp_probs_b;
+  r.n_tok = n;
+  r.n_expert = mp.n_expert;
+  r.k = k;
+  r.gating = mp.gating == ExpertGating::kSoftmax ? 0 : mp.gating == ExpertGating::kSigmoid ? 1 : 2;
+  r.norm_w = mp.norm_w;
+  r.w_scale = mp.w_scale;
+  r.expert = static_cast<int32_t*>(moe_ids_.p);
+  r.weight = moe_w_.f();
+  r.stream = stream_;
+  launch_route(r);
+  // gate, up = gate_e(x), up_e(x) for each chosen expert e   (or one fused gate_up_e(x), split)
+  GluParams g;
+  g.out = moe_hidden_.f();
+  g.n = F;
+  g.n_tok = S;
+  g.oai = mp.swiglu_oai;
+  g.stream = stream_;
+  if (d.gate_up_exps) {
+    launch_matmul(expert_params(d.gate_up_exps, h, n, k, moe_gu_.f(), 2 * F));
+    g.gate = moe_gu_.f();
+    g.up = moe_gu_.f() + F;
+    g.gate_stride = g.up_stride = 2 * F;
+  } else {
+    const MatmulParams gu[2] = {expert_params(d.gate_exps, h, n, k, moe_gu_.f(), F),
+                                expert_params(d.up_exps, h, n, k, moe_gu_.f() + S * F, F)};
+    launch_matmuls(gu, 2);  // one preparation of h for both
+    g.gate = moe_gu_.f();
+    g.up = moe_gu_.f() + S * F;
+    g.gate_stride = g.up_stride = F;
+  }
+  launch_glu(g);
+  // y_e = down_e(hidden), one row per slot
+  launch_matmul(expert_params(d.down_exps, moe_hidden_.f(), S, 1, moe_y_.f(), E));
+  // the shared expert: down(silu(gate h) * up h) [* sigmoid(gate_inp_shexp h)]
+  CombineParams c;
+  if (mp.n_ff_shexp > 0) {
+    const int64_t Fs = mp.n_ff_shexp;
+    const MatmulParams gu[2] = {matmul_params(d.gate_shexp, h, E, gate_.f(), Fs),
+                                matmul_params(d.up_shexp, h, E, up_.f(), Fs)};
+    launch_matmuls(gu, 2);
+    GluParams gs;
+    gs.gate = gate_.f();
+    gs.up = up_.f();
+    gs.gate_stride = gs.up_stride = Fs;
+    gs.out = hidden_.f();
+    gs.n = Fs;
+    gs.n_tok = n;
+    gs.stream = stream_;
+    launch_glu(gs);
+    matmul(d.down_shexp, hidden_.f(), Fs, moe_sh_y_.f(), E);
+    c.shared = moe_sh_y_.f();
+    if (mp.shexp_gate && d.gate_inp_shexp) {
+      matmul(d.gate_inp_shexp, h, E, moe_sh_g_.f(), 1);
+      c.shared_gate = moe_sh_g_.f();
+    }
+  }
+  // out = sum_j weight_j * y_{e_j} (+ shared), added in the order chosen (+ residual)
+  c.y = moe_y_.f();
+  c.weight = moe_w_.f();
+  c.n_tok = n;
+  c.k = k;
+  c.n_embd = E;
+  c.residual = residual;
+  c.out = out;
+  c.stream = stream_;
+  launch_moe_combine(c);
+}
+
 void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
-  FRINK_ASSERT(pending_.empty(), "a batch began with K/V rows still pending");
+  // Rows still pending here belong to a batch that failed on the device (its error went up);
+  // they never reached the host, and their mirrors, never caught up, re-upload when next used.
+  pending_.clear();
   ++batch_tick_;
   n_tok_ = n_tok;
   pos0_ = pos0;
   const Hparams& hp = m_.hp;
   int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd, part = 0;
+  int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: router width, n_tok * k, (n_tok * k) * n_ff_exp
   for (const LayerPlan& p : hp.layers) {
+    if (p.ffn == FfnKind::kMoe) {
+      n_exp = std::max(n_exp, p.moe.n_expert);
+      slots = std::max(slots, n_tok * p.moe.n_expert_used);
+      slot_ff = std::max(slot_ff, n_tok * p.moe.n_expert_used * p.moe.n_ff_exp);
+      ff = std::max(ff, p.moe.n_ff_shexp);
+    }
     q_w = std::max(q_w, p.n_head * p.head_dim_k);
     kv_w = std::max({kv_w, p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v});
     qkv_w = std::max(qkv_w, p.n_head * p.head_dim_k + p.n_head_kv * (p.head_dim_k + p.head_dim_v));
@@ -215,7 +336,18 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
   up_.ensure(fl(ff));
   hidden_.ensure(fl(ff));
   partial_.ensure(static_cast<size_t>(part) * sizeof(float));
-  act_.ensure(fl(max_in));
+  // act_ holds one prepared activation: n_tok rows, or a MoE down product's slot rows.
+  act_.ensure(std::max(fl(max_in), static_cast<size_t>(slot_ff) * sizeof(float)));
+  if (slots > 0) {
+    moe_logits_.ensure(fl(n_exp));
+    moe_ids_.ensure(static_cast<size_t>(slots) * sizeof(int32_t));
+    moe_w_.ensure(static_cast<size_t>(slots) * sizeof(float));
+    moe_gu_.ensure(static_cast<size_t>(2 * slot_ff) * sizeof(float));
+    moe_hidden_.ensure(static_cast<size_t>(slot_ff) * sizeof(float));
+    moe_y_.ensure(static_cast<size_t>(slots * hp.n_embd) * sizeof(float));
+    moe_sh_y_.ensure(fl(hp.n_embd));
+    moe_sh_g_.ensure(fl(1));
+  }
   if (n_tok > kMatvecMaxTok) {
     scratch_elems_ = matmul_scratch_elems(max_in, n_tok);
     scratch_.ensure(scratch_elems_ * 2);
@@ -312,6 +444,10 @@ void CudaBackend::norm_rows(const DeviceNorm& n, const float* x, float* y, int64
 // The feed-forward block on normed h [n_tok][n_embd] -> out [n_tok][n_embd] (cpu ffn()), plus
 // residual when given (matmul's rule).
 void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual) {
+  if (p.ffn == FfnKind::kMoe) {
+    moe_ffn(p, d, h, out, residual);
+    return;
+  }
   const int64_t E = m_.hp.n_embd, n_ff = p.n_ff;
   GluParams g;
   g.out = hidden_.f();
@@ -342,25 +478,31 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
 }
 
 KvMirror& CudaBackend::ready_mirror(KvCache& cache, const LayerPlan& p, int64_t n_new) {
-  if (!mirrors_.count(&cache) && mirrors_.size() >= kMaxMirrors) evict_mirrors(0);
   MirrorSlot& slot = mirrors_[&cache];
   if (!slot.mirror) slot.mirror = std::make_unique<KvMirror>(p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v);
   slot.last_use = batch_tick_;
   if (const size_t grow = slot.mirror->growth_bytes(cache, n_new); grow > 0) {
-    size_t free = 0, total = 0;
-    FRINK_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     // prepare() frees the old buffers before it allocates, so the growth must fit in what is
     // free plus what they hold, with a margin left for the runtime.
-    constexpr size_t kMargin = size_t{256} << 20;
+    size_t free = 0, margin = 0;
+    if (hooks_.mirror_budget_bytes > 0) {
+      size_t used = 0;
+      for (const auto& [c, s] : mirrors_) used += s.mirror ? s.mirror->bytes() : 0;
+      free = static_cast<size_t>(hooks_.mirror_budget_bytes) > used ? static_cast<size_t>(hooks_.mirror_budget_bytes) - used : 0;
+    } else {
+      size_t total = 0;
+      FRINK_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+      margin = size_t{256} << 20;
+    }
     const size_t held = slot.mirror->bytes();
-    if (grow + kMargin > free + held) evict_mirrors(grow + kMargin - free - held);
+    if (grow + margin > free + held) evict_mirrors(grow + margin - free - held);
   }
   slot.mirror->prepare(cache, n_new, stream_, hooks_.trust_stale_mirror);
   return *slot.mirror;
 }
 
 // Frees mirrors not used by the current batch, least recently used first, until bytes_wanted
-// are freed (0: only down to kMaxMirrors / 2 mirrors). Cached token graphs may still name
+// are freed (or none is left to free: the allocation then fails as a device error). Cached token graphs may still name
 // their buffers; one is replayed only when its key (which holds every mirror address) matches
 // the live mirrors exactly, so a freed address reused by a new mirror is then that mirror's.
 void CudaBackend::evict_mirrors(size_t bytes_wanted) {
@@ -371,10 +513,11 @@ void CudaBackend::evict_mirrors(size_t bytes_wanted) {
   FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing in flight may still read them
   size_t freed = 0;
   for (const auto& [tick, cache] : lru) {
-    if (bytes_wanted > 0 ? freed >= bytes_wanted : mirrors_.size() <= kMaxMirrors / 2) break;
+    if (freed >= bytes_wanted) break;
     freed += mirrors_[cache].mirror->bytes();
     mirrors_.erase(cache);
   }
+  ++n_evictions_;
   FRINK_LOG_DEBUG("device: evicted KV mirrors, {:.1f} MiB freed, {} left", freed / 1048576.0, mirrors_.size());
 }
 
@@ -537,7 +680,8 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors
                                              bool argmax) const {
   std::vector<uintptr_t> key{argmax};
   for (const DevBuf* b : {&act_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
-                          &logits_})
+                          &logits_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
+                          &moe_sh_g_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
   key.push_back(reinterpret_cast<uintptr_t>(staging_));
   key.push_back(reinterpret_cast<uintptr_t>(dstage_.p));
@@ -603,6 +747,10 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
   std::vector<KvMirror*> mirrors;
   size_t part = 0;
+  // This token's caches count as in use before any of them is readied, so making room for
+  // one layer's growth never evicts another layer of the same sequence.
+  for (KvCache* c : caches)
+    if (auto it = mirrors_.find(c); it != mirrors_.end()) it->second.last_use = batch_tick_;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
     FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_token with refused layer {}", il);

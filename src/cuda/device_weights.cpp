@@ -10,12 +10,27 @@
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/matmul.cuh"
+#include "cuda/moe.cuh"
 
 namespace frink::cuda {
 
 namespace {
 
 bool linear_ok(const Linear& l) { return !l || matmul_supported(static_cast<int>(l.w->type)); }
+bool experts_ok(const Experts& x) { return !x || matmul_supported(static_cast<int>(x.w->type)); }
+
+// What the device MoE path (cuda/moe.cuh) does not do; the host runs such layers.
+bool moe_ok(const LayerPlan& p, const LayerWeights& w) {
+  const MoePlan& mp = p.moe;
+  if (mp.n_group > 1 && mp.n_group_used < mp.n_group) return false;  // group-limited routing
+  if (mp.n_expert > kMoeMaxExperts || mp.n_expert_used > 32 || mp.n_expert_used < 1) return false;
+  if (!w.ffn_gate_inp || !w.ffn_down_exps || !(w.ffn_gate_up_exps || (w.ffn_gate_exps && w.ffn_up_exps))) return false;
+  for (const Experts* x : {&w.ffn_gate_exps, &w.ffn_up_exps, &w.ffn_gate_up_exps, &w.ffn_down_exps})
+    if (!experts_ok(*x)) return false;
+  for (const Linear* l : {&w.ffn_gate_inp, &w.ffn_gate_shexp, &w.ffn_up_shexp, &w.ffn_down_shexp})
+    if (!linear_ok(*l)) return false;
+  return mp.n_ff_shexp == 0 || (w.ffn_gate_shexp && w.ffn_up_shexp && w.ffn_down_shexp);
+}
 
 }  // namespace
 
@@ -24,7 +39,7 @@ Refusal device_refusal(const Model& m, int64_t il) {
   const LayerPlan& p = m.hp.layers[static_cast<size_t>(il)];
   const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
   if (p.attn == AttnKind::kMla) return Refusal::kShape;  // latent attention: host only (src/cpu/mla_attention.h)
-  if (p.ffn == FfnKind::kMoe) return Refusal::kMoe;
+  if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
   if (p.qk_norm_full) return Refusal::kShape;
   if (p.rope.ext_factor != 0.0f && !p.rope.yarn_truncate) return Refusal::kRope;
   if (p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0 || p.head_dim_k > kAttnMaxHeadDim ||
@@ -78,6 +93,25 @@ DeviceWeights::DeviceWeights(const Model& m) {
       d.alibi_slopes = upload_values(slopes);
     }
     if (p.attn_sinks) d.attn_sinks = upload_vec(w.attn_sinks, p.n_head);
+    if (p.ffn == FfnKind::kMoe) {
+      const int64_t n_exp = p.moe.n_expert;
+      d.router = linear(w.ffn_gate_inp);
+      d.exp_probs_b = upload_vec(w.exp_probs_b, n_exp);
+      d.gate_exps = experts(w.ffn_gate_exps, n_exp);
+      d.up_exps = experts(w.ffn_up_exps, n_exp);
+      d.gate_up_exps = experts(w.ffn_gate_up_exps, n_exp);
+      d.down_exps = experts(w.ffn_down_exps, n_exp);
+      d.gate_shexp = linear(w.ffn_gate_shexp);
+      d.up_shexp = linear(w.ffn_up_shexp);
+      d.down_shexp = linear(w.ffn_down_shexp);
+      if (w.ffn_gate_inp_shexp) {  // one f32 row, so the shared expert's gate is a product too
+        d.gate_inp_shexp.type = 0;
+        d.gate_inp_shexp.w = upload_vec(w.ffn_gate_inp_shexp, hp.n_embd);
+        d.gate_inp_shexp.row_bytes = static_cast<size_t>(hp.n_embd) * sizeof(float);
+        d.gate_inp_shexp.n_in = hp.n_embd;
+        d.gate_inp_shexp.n_out = 1;
+      }
+    }
   }
   if (device_refusal(m, hp.n_layer) == Refusal::kNone) {
     output_norm = norm(m.w.output_norm, hp.n_embd);
@@ -134,6 +168,20 @@ DeviceLinear DeviceWeights::linear(const Linear& l) {
   d.b = upload_vec(l.b, d.n_out);
   d.scale = l.scale;
   d.bias_before_scale = l.bias_before_scale;
+  return d;
+}
+
+DeviceExperts DeviceWeights::experts(const Experts& x, int64_t n_expert) {
+  DeviceExperts d;
+  if (!x) return d;
+  d.type = static_cast<int>(x.w->type);
+  d.row_bytes = x.w->row_bytes();
+  d.n_in = x.n_in();
+  d.n_out = x.n_out();
+  d.expert_bytes = d.row_bytes * static_cast<size_t>(d.n_out);
+  d.w = upload(x.w->data, d.expert_bytes * static_cast<size_t>(n_expert));
+  d.b = upload_vec(x.b, n_expert * d.n_out);
+  d.scale = upload_vec(x.scale, n_expert);
   return d;
 }
 

@@ -25,6 +25,17 @@ struct DeviceLinear {
   explicit operator bool() const { return w != nullptr; }
 };
 
+// A stack of experts (model Experts): expert e's matrix is expert_bytes from the next.
+struct DeviceExperts {
+  int type = 0;
+  const void* w = nullptr;
+  size_t row_bytes = 0, expert_bytes = 0;
+  int64_t n_in = 0, n_out = 0;    // per expert
+  const float* b = nullptr;       // [n_expert][n_out] or null
+  const float* scale = nullptr;   // [n_expert] or null
+  explicit operator bool() const { return w != nullptr; }
+};
+
 struct DeviceNorm {
   const float* w = nullptr;     // [n] or null
   const float* b = nullptr;     // [n] or null
@@ -35,6 +46,12 @@ struct DeviceLayer {
   DeviceLinear wq, wk, wv, wqkv, wo, ffn_gate, ffn_up, ffn_down;
   const float* alibi_slopes = nullptr;  // [n_head] (plan.alibi), or null
   const float* attn_sinks = nullptr;    // [n_head] (plan.attn_sinks), or null
+  // Mixture of experts (plan.ffn == kMoe)
+  DeviceLinear router;                  // n_embd -> n_expert
+  const float* exp_probs_b = nullptr;   // [n_expert] selection bias, or null
+  DeviceExperts gate_exps, up_exps, gate_up_exps, down_exps;
+  DeviceLinear gate_shexp, up_shexp, down_shexp;
+  DeviceLinear gate_inp_shexp;          // the shared expert's gate logit: n_embd -> 1 (f32)
 };
 
 // Why layer il (or, for il == n_layer, the output head) cannot run on the device; pure.
@@ -59,6 +76,7 @@ class DeviceWeights {
   const float* upload_vec(const float* host, int64_t n);
   const float* upload_values(const std::vector<float>& v);  // computed here, never shared
   DeviceLinear linear(const Linear& l);
+  DeviceExperts experts(const Experts& x, int64_t n_expert);
   DeviceNorm norm(const Norm& n, int64_t len);
 
   std::vector<DeviceLayer> layers_;

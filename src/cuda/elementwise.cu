@@ -21,6 +21,15 @@ __device__ __forceinline__ float act(float v, bool gelu) {
 __global__ void glu_kernel(GluParams p) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.n * p.n_tok; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / p.n, j = i % p.n;
+    if (p.oai) {
+      // ggml_swiglu_oai (the host's expert_glu): x = min(g, 7), y = clamp(u, -7, 7),
+      // x * sigmoid(1.702 x) * (y + 1)
+      constexpr float kAlpha = 1.702f, kLimit = 7.0f;
+      const float x = fminf(p.gate[t * p.gate_stride + j], kLimit);
+      const float y = fminf(fmaxf(p.up[t * p.up_stride + j], -kLimit), kLimit);
+      p.out[i] = x / (1.0f + expf(kAlpha * (-x))) * (y + 1.0f);
+      continue;
+    }
     const float g = act(p.gate[t * p.gate_stride + j], p.gelu);
     p.out[i] = p.up ? g * p.up[t * p.up_stride + j] : g;
   }

@@ -16,6 +16,7 @@ struct GluParams {
   float* out = nullptr;         // [n_tok][n]
   int64_t n = 0, n_tok = 0;
   bool gelu = false;            // false: SiLU
+  bool oai = false;             // gpt-oss's clamped SwiGLU (ggml_swiglu_oai) instead; needs up
   cudaStream_t stream = nullptr;
 };
 void launch_glu(const GluParams& p);

@@ -35,11 +35,30 @@ struct Args {
   float scale;
   bool bias_before_scale;
   const float* residual;  // matrix-vector kernels: added to y (stride y_stride; may alias y)
+  // Expert products (MatmulParams::slot_expert): see select_slot.
+  const int32_t* slot_expert;
+  size_t expert_bytes;
+  int64_t x_div;
+  const float* expert_scale;
 };
 
 Args args_of(const MatmulParams& p) {
   return {static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
-          p.x, p.y, p.bias, p.scale, p.bias_before_scale, p.residual};
+          p.x, p.y, p.bias, p.scale, p.bias_before_scale, p.residual,
+          p.slot_expert, p.expert_bytes, p.x_div, p.expert_scale};
+}
+
+// Expert mode (a.slot_expert set): the block's grid row blockIdx.y is slot s. Points a at
+// expert slot_expert[s]'s matrix, bias row and scale and at output row s, and returns the
+// activation row the slot reads (s / x_div). Otherwise returns 0 and changes nothing.
+__device__ __forceinline__ int64_t select_slot(Args& a) {
+  if (!a.slot_expert) return 0;
+  const int64_t s = blockIdx.y, e = a.slot_expert[s];
+  a.w += e * a.expert_bytes;
+  a.y += s * a.y_stride;
+  if (a.bias) a.bias += e * a.n_out;
+  if (a.expert_scale) a.scale = a.expert_scale[e];
+  return s / a.x_div;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -74,6 +93,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= a.n_out) return;
+  a.x += select_slot(a) * a.x_stride;
   const uint8_t* wr = a.w + row * a.row_bytes;
   float acc[NT];
 #pragma unroll
@@ -280,6 +300,11 @@ int grid_for(int64_t n, int threads) {
 template <int T>
 void matvec_launch(const MatmulParams& p, const Args& a0) {
   const dim3 grid(static_cast<unsigned>((p.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  if (p.slot_expert) {  // one launch: a grid row per slot, each one activation row
+    matvec_kernel<T, 1><<<dim3(grid.x, static_cast<unsigned>(p.n_slots)), kWarpsPerBlock * 32, 0, p.stream>>>(a0);
+    FRINK_CUDA_CHECK_LAUNCH();
+    return;
+  }
   for (int64_t t0 = 0; t0 < p.n_tok;) {
     Args a = a0;
     a.x = p.x + t0 * p.x_stride;
@@ -328,6 +353,11 @@ __device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {  // 2-byte aligned 
 template <int T, int NT>
 __global__ void __launch_bounds__(kQWarps * 32) matvec_q8_kernel(Args a, const int8_t* __restrict__ xq,
                                                                   const float* __restrict__ xd) {
+  {
+    const int64_t xr = select_slot(a);
+    xq += xr * a.n_in;
+    xd += xr * (a.n_in / 32);
+  }
   // Lanes per weight block: Q4_0 2 (16 elements each), Q8_0 4 (8 elements each).
   constexpr int kLpb = T == kQ4_0 ? 2 : 4;
   constexpr int kBytes = BlockGeom<T>::kBytes;
@@ -383,6 +413,11 @@ void matvec_q8_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
   }
   const dim3 grid(static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps));
   const int64_t n_blk = p.n_in / 32;
+  if (p.slot_expert) {
+    matvec_q8_kernel<T, 1><<<dim3(grid.x, static_cast<unsigned>(p.n_slots)), kQWarps * 32, 0, p.stream>>>(a0, xq, xd);
+    FRINK_CUDA_CHECK_LAUNCH();
+    return;
+  }
   for (int64_t t0 = 0; t0 < p.n_tok;) {
     Args a = a0;
     a.y = p.y + t0 * p.y_stride;
@@ -462,6 +497,10 @@ __device__ __forceinline__ int ld_i32(const int8_t* p) { return *reinterpret_cas
 // [16 (k % 2), + 16) of sub-blocks 2 (k / 2) (low nibbles) and 2 (k / 2) + 1 (high nibbles).
 template <int NT>
 __global__ void __launch_bounds__(kQWarps * 32) matvec_q4k_kernel(Args a, Q8KAct x) {
+  {
+    const int64_t xr = select_slot(a);
+    x = {x.q + xr * a.n_in, x.d + xr * (a.n_in / 256), x.sum + xr * (a.n_in / 32)};
+  }
   const int lane = threadIdx.x % 32, k = lane % 8, g = k / 2, l0 = 16 * (k % 2);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
   if (row >= a.n_out) return;
@@ -501,6 +540,10 @@ __global__ void __launch_bounds__(kQWarps * 32) matvec_q4k_kernel(Args a, Q8KAct
 // +64, +96) of that half: 4 bytes of ql at l4 and at 32 + l4, 4 bytes of qh at l4.
 template <int NT>
 __global__ void __launch_bounds__(kQWarps * 32) matvec_q6k_kernel(Args a, Q8KAct x) {
+  {
+    const int64_t xr = select_slot(a);
+    x = {x.q + xr * a.n_in, x.d + xr * (a.n_in / 256), x.sum + xr * (a.n_in / 32)};
+  }
   const int lane = threadIdx.x % 32, k = lane % 16, h = k / 8, l4 = 4 * (k % 8);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
   if (row >= a.n_out) return;
@@ -547,6 +590,13 @@ void matvec_q8k_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
     FRINK_CUDA_CHECK_LAUNCH();
   }
   const dim3 grid(static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps));
+  if (p.slot_expert) {
+    const dim3 g(grid.x, static_cast<unsigned>(p.n_slots));
+    if constexpr (T == kQ4_K) matvec_q4k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a0, x);
+    else matvec_q6k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a0, x);
+    FRINK_CUDA_CHECK_LAUNCH();
+    return;
+  }
   for (int64_t t0 = 0; t0 < p.n_tok;) {
     Args a = a0;
     a.y = p.y + t0 * p.y_stride;
@@ -604,10 +654,14 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
 
 // What x becomes before the kernels read it: the key under which a group of products on one
 // input (launch_matmuls) prepares it once.
+// The matrix-vector kernels serve decode batches and every expert product (one activation
+// row per slot); other batches go to cuBLAS.
+bool takes_matvec(const MatmulParams& p) { return p.slot_expert || p.n_tok <= kMatvecMaxTok; }
+
 ActRound act_prep_for(const MatmulParams& p) {
   if (!p.act_round) return kActNone;
-  if ((p.type == kQ4_0 || p.type == kQ8_0) && p.n_tok <= kMatvecMaxTok && p.n_in % 32 == 0) return kActDp4a;
-  if ((p.type == kQ4_K || p.type == kQ6_K) && p.n_tok <= kMatvecMaxTok && p.n_in % 256 == 0) return kActDp4aK;
+  if ((p.type == kQ4_0 || p.type == kQ8_0) && takes_matvec(p) && p.n_in % 32 == 0) return kActDp4a;
+  if ((p.type == kQ4_K || p.type == kQ6_K) && takes_matvec(p) && p.n_in % 256 == 0) return kActDp4aK;
   return act_round_for(p.type);
 }
 
@@ -636,7 +690,7 @@ void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
     p.x_stride = p.n_in;
   }
   const Args a = args_of(p);
-  if (p.n_tok <= kMatvecMaxTok)
+  if (takes_matvec(p))
     matvec_launch<T>(p, a);
   else
     gemm_launch<T>(p, a, x_ready);
@@ -662,7 +716,9 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const MatmulParams& p = ps[i];
     const MatmulParams& p0 = ps[0];
     FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out &&
-                             (!p.residual || p.n_tok <= kMatvecMaxTok) &&
+                             (!p.residual || (p.n_tok <= kMatvecMaxTok && !p.slot_expert)) &&
+                             (!p.slot_expert || (p.n_slots > 0 && p.n_slots <= 65535 && p.x_div >= 1 &&
+                                                 p.n_tok == (p.n_slots + p.x_div - 1) / p.x_div)) &&
                              p.x == p0.x && p.x_stride == p0.x_stride && p.n_in == p0.n_in && p.n_tok == p0.n_tok &&
                              p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream
                          ? cudaSuccess

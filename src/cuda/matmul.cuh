@@ -30,6 +30,15 @@ struct MatmulParams {
   // Matrix-vector batches only (n_tok <= kMatvecMaxTok): y = product + residual, residual
   // [n_tok][y_stride] and possibly y itself (x = x + W h in one launch, no add kernel).
   const float* residual = nullptr;
+  // Expert products (MoE). w is a stack of experts expert_bytes apart; slot s in [0, n_slots)
+  // multiplies expert slot_expert[s] (device memory, so routing never leaves the device) with
+  // activation row s / x_div (n_tok rows) into output row s of y (stride y_stride). bias is
+  // then [n_expert][n_out], and expert_scale [n_expert] (or null) replaces scale. Always the
+  // matrix-vector kernels, whatever n_tok.
+  const int32_t* slot_expert = nullptr;
+  int64_t n_slots = 0, x_div = 1;
+  size_t expert_bytes = 0;
+  const float* expert_scale = nullptr;
   // cuBLAS path only: handle bound to `stream`, and f16 scratch of scratch_elems elements.
   cublasHandle_t blas = nullptr;
   void* scratch = nullptr;

@@ -19,6 +19,8 @@
 #include "cuda/attention.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/matmul.cuh"
+#include "cuda/moe.cuh"
+#include "cpu/moe.h"
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
 #include "quant/quant.h"
@@ -504,6 +506,133 @@ TEST(CudaKernels, AttentionMatchesReference) {
         << "n_tok " << c.n_tok << " pos0 " << c.pos0 << " hd " << c.hd << " max_keys " << max_keys << " window "
         << c.window << " alibi " << c.alibi << " sinks " << c.sinks;
   }
+}
+
+// MoE routing on the device = the host's route_token (chosen experts exactly, weights to
+// float rounding) for each gating, with a selection bias, weight normalisation and scale,
+// over expert counts that do and do not fill the warp's lanes.
+TEST(CudaKernels, RoutingMatchesHost) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  struct C {
+    ExpertGating gating;
+    int64_t n_expert, k;
+    bool bias, norm_w;
+    float w_scale;
+  };
+  for (const C& c : {C{ExpertGating::kSoftmax, 128, 8, false, true, 1.0f}, C{ExpertGating::kSoftmax, 8, 2, false, false, 1.0f},
+                     C{ExpertGating::kSigmoid, 256, 8, true, true, 2.5f}, C{ExpertGating::kSoftmaxWeight, 32, 4, false, false, 1.0f},
+                     C{ExpertGating::kSoftmax, 60, 4, false, false, 1.0f}, C{ExpertGating::kSoftmax, 512, 10, true, true, 1.0f}}) {
+    const int64_t n_tok = 5;
+    const auto logits = random_floats(rng, n_tok * c.n_expert, 2.0f), bias = random_floats(rng, c.n_expert, 0.1f);
+    MoePlan mp;
+    mp.n_expert = c.n_expert;
+    mp.n_expert_used = c.k;
+    mp.gating = c.gating;
+    mp.norm_w = c.norm_w;
+    mp.w_scale = c.w_scale;
+    std::vector<int32_t> ref_e(static_cast<size_t>(n_tok * c.k));
+    std::vector<float> ref_w(ref_e.size());
+    for (int64_t t = 0; t < n_tok; ++t) {
+      std::vector<float> lg(logits.begin() + t * c.n_expert, logits.begin() + (t + 1) * c.n_expert);
+      cpu::route_token(mp, lg.data(), c.bias ? bias.data() : nullptr, ref_e.data() + t * c.k, ref_w.data() + t * c.k);
+    }
+    Dev<float> dl(logits), db(bias), dw(ref_w.size());
+    Dev<int32_t> de(std::vector<int32_t>(ref_e.size(), -1));
+    cuda::RouteParams p;
+    p.logits = dl.p;
+    p.sel_bias = c.bias ? db.p : nullptr;
+    p.n_tok = n_tok;
+    p.n_expert = c.n_expert;
+    p.k = c.k;
+    p.gating = static_cast<int>(c.gating);
+    p.norm_w = c.norm_w;
+    p.w_scale = c.w_scale;
+    p.expert = de.p;
+    p.weight = dw.p;
+    cuda::launch_route(p);
+    EXPECT_EQ(de.get(), ref_e) << "n_expert " << c.n_expert;
+    const auto w = dw.get();
+    EXPECT_LT(nmse(w.data(), ref_w.data(), ref_w.size()), 1e-12) << "n_expert " << c.n_expert;
+  }
+}
+
+// Expert products (slot_expert): each slot's row equals a plain product with that expert's
+// matrix, bias and scale, bit for bit (the same kernel and activation preparation), for
+// gate/up (slots share token rows, x_div = k) and down (a row per slot), on each kernel family.
+TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(43);
+  const int64_t n_expert = 6, n_in = 512, n_out = 40, n_tok = 3, k = 2;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::F16, GgmlType::MXFP4}) {
+    for (int64_t x_div : {k, int64_t{1}}) {
+      const int64_t n_slots = n_tok * k, n_rows = n_slots / x_div;
+      const RandomWeights w = random_weights(rng, t, n_in, n_out * n_expert);
+      const auto x = random_floats(rng, n_rows * n_in), b = random_floats(rng, n_expert * n_out),
+                 sc = random_floats(rng, n_expert);
+      const std::vector<int32_t> ids = {3, 0, 5, 3, 1, 2};
+      Dev<uint8_t> dw(w.bytes);
+      Dev<float> dx(x), db(b), dsc(sc), dy(static_cast<size_t>(n_slots * n_out)), dact(x.size()),
+          dy1(static_cast<size_t>(n_out));
+      Dev<int32_t> dids(ids);
+      cuda::MatmulParams p = mat_params(t, dw.p, n_in, n_out, dx.p, n_rows, dy.p);
+      p.bias = db.p;
+      p.act_round = dact.p;
+      p.slot_expert = dids.p;
+      p.n_slots = n_slots;
+      p.x_div = x_div;
+      p.expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
+      p.expert_scale = dsc.p;
+      cuda::launch_matmul(p);
+      const auto y = dy.get();
+      for (int64_t s = 0; s < n_slots; ++s) {
+        const int32_t e = ids[static_cast<size_t>(s)];
+        cuda::MatmulParams q = mat_params(t, static_cast<const uint8_t*>(dw.p) + e * p.expert_bytes, n_in, n_out,
+                                          dx.p + (s / x_div) * n_in, 1, dy1.p);
+        q.bias = db.p + e * n_out;
+        q.scale = sc[static_cast<size_t>(e)];
+        q.act_round = dact.p;
+        cuda::launch_matmul(q);
+        const auto y1 = dy1.get();
+        const std::vector<float> row(y.begin() + s * n_out, y.begin() + (s + 1) * n_out);
+        EXPECT_EQ(row, y1) << ggml_type_name(t) << " slot " << s << " x_div " << x_div;
+      }
+    }
+  }
+}
+
+// The weighted sum of the chosen experts' outputs (+ the gated shared expert, + residual in
+// place) in the host's order of operations.
+TEST(CudaKernels, MoeCombineMatchesHostOrder) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(47);
+  const int64_t n_tok = 3, k = 4, E = 96;
+  const auto y = random_floats(rng, n_tok * k * E), w = random_floats(rng, n_tok * k), sh = random_floats(rng, n_tok * E),
+             g = random_floats(rng, n_tok, 2.0f), r = random_floats(rng, n_tok * E);
+  std::vector<float> ref(static_cast<size_t>(n_tok * E));
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t d = 0; d < E; ++d) {
+      float o = y[(t * k) * E + d] * w[t * k];
+      for (int64_t j = 1; j < k; ++j) o += y[(t * k + j) * E + d] * w[t * k + j];
+      const float v = g[t];
+      o += sh[t * E + d] * (v / (1.0f + std::exp(-v)) / v);
+      ref[t * E + d] = r[t * E + d] + o;
+    }
+  Dev<float> dy(y), dw(w), dsh(sh), dg(g), dr(r);
+  cuda::CombineParams p;
+  p.y = dy.p;
+  p.weight = dw.p;
+  p.n_tok = n_tok;
+  p.k = k;
+  p.n_embd = E;
+  p.shared = dsh.p;
+  p.shared_gate = dg.p;
+  p.residual = dr.p;
+  p.out = dr.p;
+  cuda::launch_moe_combine(p);
+  const auto out = dr.get();
+  // f32 on both sides; the device may contract a multiply-add into an FMA: 1e-12.
+  EXPECT_LT(nmse(out.data(), ref.data(), ref.size()), 1e-12);
 }
 
 // Device argmax = greedy_token: random logits over vocabulary sizes around the grid's stride,

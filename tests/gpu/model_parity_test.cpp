@@ -135,7 +135,8 @@ TEST_P(HfParity, PrefillAndDecodeMatchHost) {
 
 INSTANTIATE_TEST_SUITE_P(Hf, HfParity,
                          ::testing::Values("llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma2",
-                                           "gemma3", "phi3"),
+                                           "gemma3", "phi3", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_next",
+                                           "qwen3_5"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& c : n)
