@@ -135,6 +135,7 @@ class CudaBackend final : public DeviceBackend {
 
   int64_t n_tok_ = 0, pos0_ = 0;
   DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
+  DevBuf attn_gate_;  // gated attention (attn_out_gate): the gate half of wq's output
   // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the
   // shared expert's output and gate logit.
   DevBuf moe_logits_, moe_ids_, moe_w_, moe_gu_, moe_hidden_, moe_y_, moe_sh_y_, moe_sh_g_;
@@ -225,7 +226,11 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   const MoePlan& mp = p.moe;
   const int64_t E = m_.hp.n_embd, n = n_tok_, k = mp.n_expert_used, F = mp.n_ff_exp, S = n * k;
   // logits = self.gate(hidden_states); chosen experts and their weights, on the device
-  matmul(d.router, h, E, moe_logits_.f(), mp.n_expert);
+  {  // f32 at any batch size: top-k must rank the experts as the host does
+    MatmulParams rp = matmul_params(d.router, h, E, moe_logits_.f(), mp.n_expert);
+    rp.matvec_only = true;
+    launch_matmul(rp);
+  }
   RouteParams r;
   r.logits = moe_logits_.f();
   r.sel_bias = d.exp_probs_b;
@@ -281,7 +286,9 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
     matmul(d.down_shexp, hidden_.f(), Fs, moe_sh_y_.f(), E);
     c.shared = moe_sh_y_.f();
     if (mp.shexp_gate && d.gate_inp_shexp) {
-      matmul(d.gate_inp_shexp, h, E, moe_sh_g_.f(), 1);
+      MatmulParams gp = matmul_params(d.gate_inp_shexp, h, E, moe_sh_g_.f(), 1);
+      gp.matvec_only = true;  // one output per token: cuBLAS would only add f16 rounding
+      launch_matmul(gp);
       c.shared_gate = moe_sh_g_.f();
     }
   }
@@ -316,10 +323,11 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
     }
     q_w = std::max(q_w, p.n_head * p.head_dim_k);
     kv_w = std::max({kv_w, p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v});
-    qkv_w = std::max(qkv_w, p.n_head * p.head_dim_k + p.n_head_kv * (p.head_dim_k + p.head_dim_v));
+    qkv_w = std::max({qkv_w, p.n_head * p.head_dim_k + p.n_head_kv * (p.head_dim_k + p.head_dim_v),
+                      2 * p.n_head * p.head_dim_k});  // attn_out_gate: [q | gate] per head
     o_w = std::max(o_w, p.n_head * p.head_dim_v);
     ff = std::max(ff, 2 * p.n_ff);
-    max_in = std::max({max_in, o_w, p.n_ff});
+    max_in = std::max({max_in, o_w, p.n_ff, p.ffn == FfnKind::kMoe ? p.moe.n_ff_shexp : int64_t{0}});
     part = std::max(part, static_cast<int64_t>(attn_partial_floats(n_tok, pos0 + n_tok, p.n_head, p.head_dim_v)));
   }
   const auto fl = [n_tok](int64_t w) { return static_cast<size_t>(n_tok * w) * sizeof(float); };
@@ -332,6 +340,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
   v_.ensure(fl(kv_w));
   qkv_.ensure(fl(qkv_w));
   attn_.ensure(fl(o_w));
+  attn_gate_.ensure(fl(q_w));
   gate_.ensure(fl(ff));
   up_.ensure(fl(ff));
   hidden_.ensure(fl(ff));
@@ -561,10 +570,20 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     split(k_.f(), q_w, k_w);
     split(v_.f(), q_w + k_w, v_w);
   } else {
-    const MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_.f(), q_w),
+    // Gated attention (Qwen3-Next): wq gives [q | gate] per head, split below.
+    float* q_out = p.attn_out_gate ? qkv_.f() : q_.f();
+    const MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_out, p.attn_out_gate ? 2 * q_w : q_w),
                                  matmul_params(d.wk, h_.f(), E, k_.f(), k_w),
                                  matmul_params(d.wv, h_.f(), E, v_.f(), v_w)};
     launch_matmuls(qkv, 3);  // one rounding of h for all three
+    if (p.attn_out_gate) {
+      // query_states, gate = torch.chunk(q_proj(h).view(..., head_dim * 2), 2, dim=-1)
+      const size_t hd = static_cast<size_t>(p.head_dim_k) * sizeof(float);
+      const size_t rows = static_cast<size_t>(n * p.n_head);
+      FRINK_CUDA_CHECK(cudaMemcpy2DAsync(q_.p, hd, qkv_.f(), 2 * hd, hd, rows, cudaMemcpyDeviceToDevice, stream_));
+      FRINK_CUDA_CHECK(cudaMemcpy2DAsync(attn_gate_.p, hd, qkv_.f() + p.head_dim_k, 2 * hd, hd, rows,
+                                         cudaMemcpyDeviceToDevice, stream_));
+    }
   }
   // q = q_norm(q), k = k_norm(k) per head; apply_rotary_pos_emb(q, k, cos, sin)
   if (p.qk_norm) {
@@ -585,6 +604,7 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     r.beta_fast = p.rope.beta_fast;
     r.beta_slow = p.rope.beta_slow;
     r.n_ctx_orig = p.rope.n_ctx_orig;
+    r.yarn_truncate = p.rope.yarn_truncate;
     r.freq_factors = p.rope.use_freq_factors ? w_.rope_freqs : nullptr;
     r.stream = stream_;
     r.x = q_.f();
@@ -621,6 +641,8 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   a.partial = partial_.f();
   a.stream = stream_;
   launch_attention(a);
+  // attn_output = attn_output * torch.sigmoid(gate)   (gated attention)
+  if (p.attn_out_gate) launch_sigmoid_mul(attn_.f(), attn_gate_.f(), n * p.n_head * p.head_dim_v, stream_);
   const int64_t o_in = p.n_head * p.head_dim_v;
   // Decode batches add the residual in the products' epilogue (x = x + W h, one launch):
   // where a sandwich norm sits between product and add, or a batch takes cuBLAS, the add
@@ -680,7 +702,7 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors
                                              bool argmax) const {
   std::vector<uintptr_t> key{argmax};
   for (const DevBuf* b : {&act_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
-                          &logits_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
+                          &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
                           &moe_sh_g_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
   key.push_back(reinterpret_cast<uintptr_t>(staging_));

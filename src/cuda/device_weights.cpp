@@ -29,6 +29,7 @@ bool moe_ok(const LayerPlan& p, const LayerWeights& w) {
     if (!experts_ok(*x)) return false;
   for (const Linear* l : {&w.ffn_gate_inp, &w.ffn_gate_shexp, &w.ffn_up_shexp, &w.ffn_down_shexp})
     if (!linear_ok(*l)) return false;
+  if (mp.shexp_gate && !w.ffn_gate_inp_shexp) return false;
   return mp.n_ff_shexp == 0 || (w.ffn_gate_shexp && w.ffn_up_shexp && w.ffn_down_shexp);
 }
 
@@ -40,8 +41,8 @@ Refusal device_refusal(const Model& m, int64_t il) {
   const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
   if (p.attn == AttnKind::kMla) return Refusal::kShape;  // latent attention: host only (src/cpu/mla_attention.h)
   if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
+  if (p.recurrent != RecurrentKind::kNone) return Refusal::kRecurrent;
   if (p.qk_norm_full) return Refusal::kShape;
-  if (p.rope.ext_factor != 0.0f && !p.rope.yarn_truncate) return Refusal::kRope;
   if (p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0 || p.head_dim_k > kAttnMaxHeadDim ||
       p.head_dim_v > kAttnMaxHeadDim)
     return Refusal::kShape;

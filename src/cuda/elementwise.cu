@@ -40,6 +40,11 @@ __global__ void add_kernel(float* y, const float* a, const float* b, const float
     y[i] = c ? a[i] + (b[i] + c[i]) : a[i] + b[i];
 }
 
+__global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] *= 1.0f / (1.0f + expf(-gate[i]));
+}
+
 __global__ void softcap_kernel(float* x, int64_t n, float cap) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     x[i] = cap * tanhf(x[i] / cap);
@@ -120,6 +125,12 @@ void launch_glu(const GluParams& p) {
 void launch_add(float* y, const float* a, const float* b, const float* c, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   add_kernel<<<blocks_for(n), 256, 0, stream>>>(y, a, b, c, n);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_sigmoid_mul(float* x, const float* gate, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  sigmoid_mul_kernel<<<blocks_for(n), 256, 0, stream>>>(x, gate, n);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

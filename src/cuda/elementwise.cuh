@@ -23,6 +23,8 @@ void launch_glu(const GluParams& p);
 
 // y[i] = a[i] + b[i] (+ c[i] when c is set), i < n. y may alias a.
 void launch_add(float* y, const float* a, const float* b, const float* c, int64_t n, cudaStream_t stream);
+// x[i] *= sigmoid(gate[i]), as 1 / (1 + exp(-gate)) (the host's gated attention).
+void launch_sigmoid_mul(float* x, const float* gate, int64_t n, cudaStream_t stream);
 // x[i] = cap * tanh(x[i] / cap).
 void launch_softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 

@@ -40,12 +40,13 @@ struct Args {
   size_t expert_bytes;
   int64_t x_div;
   const float* expert_scale;
+  int64_t slot0;  // the launch's first slot (grid y covers at most 65535)
 };
 
 Args args_of(const MatmulParams& p) {
   return {static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
           p.x, p.y, p.bias, p.scale, p.bias_before_scale, p.residual,
-          p.slot_expert, p.expert_bytes, p.x_div, p.expert_scale};
+          p.slot_expert, p.expert_bytes, p.x_div, p.expert_scale, 0};
 }
 
 // Expert mode (a.slot_expert set): the block's grid row blockIdx.y is slot s. Points a at
@@ -53,7 +54,7 @@ Args args_of(const MatmulParams& p) {
 // activation row the slot reads (s / x_div). Otherwise returns 0 and changes nothing.
 __device__ __forceinline__ int64_t select_slot(Args& a) {
   if (!a.slot_expert) return 0;
-  const int64_t s = blockIdx.y, e = a.slot_expert[s];
+  const int64_t s = a.slot0 + blockIdx.y, e = a.slot_expert[s];
   a.w += e * a.expert_bytes;
   a.y += s * a.y_stride;
   if (a.bias) a.bias += e * a.n_out;
@@ -300,9 +301,11 @@ int grid_for(int64_t n, int threads) {
 template <int T>
 void matvec_launch(const MatmulParams& p, const Args& a0) {
   const dim3 grid(static_cast<unsigned>((p.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  if (p.slot_expert) {  // one launch: a grid row per slot, each one activation row
-    matvec_kernel<T, 1><<<dim3(grid.x, static_cast<unsigned>(p.n_slots)), kWarpsPerBlock * 32, 0, p.stream>>>(a0);
-    FRINK_CUDA_CHECK_LAUNCH();
+  if (p.slot_expert) {  // a grid row per slot, each one activation row
+    for_slot_chunks(p, a0, grid.x, [&](const Args& a, dim3 g) {
+      matvec_kernel<T, 1><<<g, kWarpsPerBlock * 32, 0, p.stream>>>(a);
+      FRINK_CUDA_CHECK_LAUNCH();
+    });
     return;
   }
   for (int64_t t0 = 0; t0 < p.n_tok;) {
@@ -414,8 +417,10 @@ void matvec_q8_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
   const dim3 grid(static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps));
   const int64_t n_blk = p.n_in / 32;
   if (p.slot_expert) {
-    matvec_q8_kernel<T, 1><<<dim3(grid.x, static_cast<unsigned>(p.n_slots)), kQWarps * 32, 0, p.stream>>>(a0, xq, xd);
-    FRINK_CUDA_CHECK_LAUNCH();
+    for_slot_chunks(p, a0, grid.x, [&](const Args& a, dim3 g) {
+      matvec_q8_kernel<T, 1><<<g, kQWarps * 32, 0, p.stream>>>(a, xq, xd);
+      FRINK_CUDA_CHECK_LAUNCH();
+    });
     return;
   }
   for (int64_t t0 = 0; t0 < p.n_tok;) {
@@ -591,10 +596,11 @@ void matvec_q8k_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
   }
   const dim3 grid(static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps));
   if (p.slot_expert) {
-    const dim3 g(grid.x, static_cast<unsigned>(p.n_slots));
-    if constexpr (T == kQ4_K) matvec_q4k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a0, x);
-    else matvec_q6k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a0, x);
-    FRINK_CUDA_CHECK_LAUNCH();
+    for_slot_chunks(p, a0, grid.x, [&](const Args& a, dim3 g) {
+      if constexpr (T == kQ4_K) matvec_q4k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a, x);
+      else matvec_q6k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a, x);
+      FRINK_CUDA_CHECK_LAUNCH();
+    });
     return;
   }
   for (int64_t t0 = 0; t0 < p.n_tok;) {
@@ -656,7 +662,18 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
 // input (launch_matmuls) prepares it once.
 // The matrix-vector kernels serve decode batches and every expert product (one activation
 // row per slot); other batches go to cuBLAS.
-bool takes_matvec(const MatmulParams& p) { return p.slot_expert || p.n_tok <= kMatvecMaxTok; }
+bool takes_matvec(const MatmulParams& p) { return p.slot_expert || p.matvec_only || p.n_tok <= kMatvecMaxTok; }
+
+// Expert mode launches: slots in chunks grid y can hold, each chunk one launch of f(args, grid).
+template <typename F>
+void for_slot_chunks(const MatmulParams& p, const Args& a0, unsigned grid_x, F f) {
+  constexpr int64_t kMaxY = 65535;
+  for (int64_t s0 = 0; s0 < p.n_slots; s0 += kMaxY) {
+    Args a = a0;
+    a.slot0 = s0;
+    f(a, dim3(grid_x, static_cast<unsigned>(std::min(kMaxY, p.n_slots - s0))));
+  }
+}
 
 ActRound act_prep_for(const MatmulParams& p) {
   if (!p.act_round) return kActNone;
@@ -717,7 +734,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const MatmulParams& p0 = ps[0];
     FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out &&
                              (!p.residual || (p.n_tok <= kMatvecMaxTok && !p.slot_expert)) &&
-                             (!p.slot_expert || (p.n_slots > 0 && p.n_slots <= 65535 && p.x_div >= 1 &&
+                             (!p.slot_expert || (p.n_slots > 0 && p.x_div >= 1 &&
                                                  p.n_tok == (p.n_slots + p.x_div - 1) / p.x_div)) &&
                              p.x == p0.x && p.x_stride == p0.x_stride && p.n_in == p0.n_in && p.n_tok == p0.n_tok &&
                              p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream

@@ -36,7 +36,7 @@ struct MatmulParams {
   // then [n_expert][n_out], and expert_scale [n_expert] (or null) replaces scale. Always the
   // matrix-vector kernels, whatever n_tok.
   const int32_t* slot_expert = nullptr;
-  int64_t n_slots = 0, x_div = 1;
+  int64_t n_slots = 0, x_div = 1;   // any number of slots (launched in grid-y chunks)
   size_t expert_bytes = 0;
   const float* expert_scale = nullptr;
   // cuBLAS path only: handle bound to `stream`, and f16 scratch of scratch_elems elements.
@@ -48,6 +48,10 @@ struct MatmulParams {
   // K-quants and IQ4_XS, f16 for F16, bf16 for BF16; llama.cpp's CPU scheme), so device and
   // host products differ only in summation order. Null: x is used as it is.
   float* act_round = nullptr;
+  // The matrix-vector kernels (f32 accumulation of exactly rounded inputs) at any n_tok: for
+  // products whose ranking matters, as an MoE router's top-k (cuBLAS rounds both operands to
+  // f16, which can reorder near-tied experts).
+  bool matvec_only = false;
   cudaStream_t stream = nullptr;
 };
 

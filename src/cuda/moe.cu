@@ -64,7 +64,8 @@ __global__ void route_kernel(RouteParams p) {
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
-    sel[i] = e < E ? (p.sel_bias ? prob[i] + p.sel_bias[e] : prob[i]) : -INFINITY;
+    const float s = e < E ? (p.sel_bias ? prob[i] + p.sel_bias[e] : prob[i]) : -INFINITY;
+    sel[i] = isnan(s) ? -INFINITY : s;  // a NaN score still yields a valid expert id, never INT_MAX
   }
   float w[kMaxUsed];
   int chosen[kMaxUsed];

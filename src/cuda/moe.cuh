@@ -38,8 +38,8 @@ struct CombineParams {
   float* out = nullptr;             // [n_tok][n_embd]
   cudaStream_t stream = nullptr;
 };
-// out = (residual +) (sum_j weight_j y_j in the order chosen, + shared * sigmoid(gate)), with
-// the host's operation order so a fused residual gives the host's add bit for bit.
+// out = (residual +) (sum_j weight_j y_j in the order chosen, + shared * sigmoid(gate)), in
+// the host's order of operations (the compiler may still fuse a multiply-add: not bit for bit).
 void launch_moe_combine(const CombineParams& p);
 
 }  // namespace frink::cuda

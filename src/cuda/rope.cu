@@ -55,8 +55,11 @@ void launch_rope(const RopeLaunch& p) {
   if (n == 0) return;
   float corr0 = 0, corr1 = 0;
   if (p.ext_factor != 0.0f) {
-    corr0 = std::fmax(0.0f, std::floor(corr_dim(p.n_rot, p.n_ctx_orig, p.beta_fast, p.freq_base)));
-    corr1 = std::fmin(static_cast<float>(p.n_rot - 1), std::ceil(corr_dim(p.n_rot, p.n_ctx_orig, p.beta_slow, p.freq_base)));
+    corr0 = corr_dim(p.n_rot, p.n_ctx_orig, p.beta_fast, p.freq_base);
+    corr1 = corr_dim(p.n_rot, p.n_ctx_orig, p.beta_slow, p.freq_base);
+    if (p.yarn_truncate) corr0 = std::floor(corr0), corr1 = std::ceil(corr1);  // as the host's rope
+    corr0 = std::fmax(0.0f, corr0);
+    corr1 = std::fmin(static_cast<float>(p.n_rot - 1), corr1);
   }
   const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
   rope_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, p.stream>>>(p, theta_scale, corr0, corr1);

@@ -21,6 +21,7 @@ struct RopeLaunch {
   float freq_base = 10000.0f, freq_scale = 1.0f;
   float ext_factor = 0.0f, attn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f;
   int64_t n_ctx_orig = 0;
+  bool yarn_truncate = true;  // YaRN ramp ends floored/ceiled (ggml); false keeps them fractional
   const float* freq_factors = nullptr;  // [n_rot/2] divisors, or null
   cudaStream_t stream = nullptr;
 };

@@ -28,7 +28,8 @@ enum class Refusal : uint8_t {
   kQuantType,     // a weight's block type has no device kernel
   kShape,         // a head width or layout the kernels were not written for
   kRope,          // a RoPE variant the device does not implement
-  kMoe,           // a mixture-of-experts FFN (no device kernels yet)
+  kMoe,           // a mixture-of-experts FFN the device does not route (group-limited, > 512 experts)
+  kRecurrent,     // a recurrent layer (gated delta net, Mamba-2): the host runs them
   kCount,
 };
 
@@ -41,6 +42,7 @@ constexpr std::string_view refusal_name(Refusal r) {
     case Refusal::kShape: return "shape";
     case Refusal::kRope: return "rope";
     case Refusal::kMoe: return "moe";
+    case Refusal::kRecurrent: return "recurrent";
     case Refusal::kCount: break;
   }
   return "?";

@@ -313,10 +313,11 @@ TEST(CudaKernels, RopeMatchesHost) {
     RopeKind kind;
     int64_t head_dim, n_rot, pos0;
     bool ff, yarn;
+    bool truncate = true;  // YaRN ramp ends floored/ceiled (false: gpt-oss's fractional ends)
   };
   for (const C& c : {C{RopeKind::kNorm, 64, 64, 0, false, false}, C{RopeKind::kNeox, 128, 128, 4090, false, false},
                      C{RopeKind::kNeox, 80, 40, 17, false, false}, C{RopeKind::kNorm, 128, 128, 9000, true, false},
-                     C{RopeKind::kNeox, 64, 64, 300, false, true}}) {
+                     C{RopeKind::kNeox, 64, 64, 300, false, true}, C{RopeKind::kNeox, 64, 64, 300, false, true, false}}) {
     const int64_t n_head = 3, n_tok = 4;
     RopeParams rp;
     rp.kind = c.kind;
@@ -326,6 +327,7 @@ TEST(CudaKernels, RopeMatchesHost) {
       rp.ext_factor = 1.0f;
       rp.freq_scale = 0.25f;
       rp.n_ctx_orig = 4096;
+      rp.yarn_truncate = c.truncate;
     }
     std::vector<float> ff(static_cast<size_t>(c.n_rot / 2));
     for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.1f * static_cast<float>(i);
@@ -355,6 +357,7 @@ TEST(CudaKernels, RopeMatchesHost) {
     p.beta_fast = rp.beta_fast;
     p.beta_slow = rp.beta_slow;
     p.n_ctx_orig = rp.n_ctx_orig;
+    p.yarn_truncate = rp.yarn_truncate;
     p.freq_factors = c.ff ? dff.p : nullptr;
     p.x2 = dx2.p;
     p.row_stride2 = n_head * c.head_dim;
