@@ -1,5 +1,6 @@
 // frink bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [-r 5] [-t THREADS]
-//             [--device cpu|cuda|auto] [-o md|json]: llama-bench's pp/tg table (src/engine/bench.h).
+//             [--device cpu|cuda|auto] [--peak-gbps GB/s] [-o md|json]: llama-bench's pp/tg
+// table (src/engine/bench.h) with effective bandwidth and its fraction of the peak.
 // Lists take commas (-p 128,512). --device cuda runs layers on the GPU (refusals per row on
 // stderr); auto: CUDA when a GPU is present.
 #include <cstdio>
@@ -34,6 +35,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", opt->p.n_threads, "threads (0: one per core)");
   cmd->add_option("-b,--batch-size", opt->p.n_batch, "prompt tokens per layer pass")->capture_default_str();
   add_device_option(*cmd, opt->device);
+  cmd->add_option("--peak-gbps", opt->p.peak_gbps,
+                  "memory bandwidth limit in GB/s for the % peak column (default: the device's theoretical peak)");
   cmd->add_option("-o,--output", opt->output, "md or json")->check(CLI::IsMember({"md", "json"}));
   return [opt]() {
     opt->p.device = device_choice(opt->device);

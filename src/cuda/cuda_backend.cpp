@@ -71,6 +71,7 @@ class CudaBackend final : public DeviceBackend {
   ~CudaBackend() override;
 
   std::string describe() const override;
+  double peak_gbps() const override { return info_.peak_gbps; }
   Refusal check_layer(int64_t il) const override { return refusal_[static_cast<size_t>(il)]; }
   Refusal check_output() const override { return refusal_.back(); }
   void begin_batch(int64_t n_tok, int64_t pos0) override;

@@ -32,6 +32,11 @@ DeviceInfo probe_device() {
   info.sm_major = prop.major;
   info.sm_minor = prop.minor;
   info.total_bytes = prop.totalGlobalMem;
+  int clock_khz = 0, bus_bits = 0;  // attributes: cudaDeviceProp's clock fields left CUDA 13
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, 0) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0) == cudaSuccess)
+    info.peak_gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;  // double data rate
+  cudaGetLastError();
   return info;
 }
 

@@ -12,6 +12,7 @@ struct DeviceInfo {
   std::string name;            // "NVIDIA H200"
   int sm_major = 0, sm_minor = 0;
   size_t total_bytes = 0;
+  double peak_gbps = 0;        // theoretical memory bandwidth: 2 x memory clock x bus width
   std::string why_absent;      // when !present: the driver's own words
 };
 

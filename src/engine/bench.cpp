@@ -51,7 +51,7 @@ std::string size_label(int64_t n_params) {
   return fmt::format("{:.0f}M", double(n_params) / 1e6);
 }
 
-void finish_row(BenchRow& r, int64_t n_tokens, uint64_t bytes_per_token) {
+void finish_row(BenchRow& r, int64_t n_tokens, const BenchModelInfo& info, double peak_gbps) {
   std::vector<double> ts;
   for (double s : r.samples_s) ts.push_back(double(n_tokens) / s);
   double mean = 0;
@@ -61,7 +61,13 @@ void finish_row(BenchRow& r, int64_t n_tokens, uint64_t bytes_per_token) {
   for (double x : ts) var += (x - mean) * (x - mean);
   r.ts_mean = mean;
   r.ts_stddev = ts.size() > 1 ? std::sqrt(var / double(ts.size() - 1)) : 0.0;
-  if (r.n_gen > 0) r.gbps = double(bytes_per_token) * mean / 1e9;
+  if (r.n_gen > 0) {
+    // Step i (0-based) attends depth + i + 1 positions: on average depth + (n_gen + 1) / 2.
+    const double mean_ctx = double(r.depth) + double(r.n_gen + 1) / 2.0;
+    r.bytes_per_token = double(info.weight_bytes_per_token) + double(info.kv_bytes_per_position) * mean_ctx;
+    r.gbps = r.bytes_per_token * mean / 1e9;
+    r.peak_gbps = peak_gbps;
+  }
 }
 
 // Fills the session with `depth` random tokens (untimed).
@@ -157,6 +163,9 @@ BenchModelInfo bench_model_info(const Model& m, int n_threads) {
       info.weight_bytes_per_token += t.n_bytes;
     }
   }
+  for (const LayerPlan& p : m.hp.layers)
+    if (p.recurrent == RecurrentKind::kNone)  // the layers that keep K/V (Session's rule)
+      info.kv_bytes_per_position += static_cast<uint64_t>(p.cache_k_width() + p.cache_v_width()) * sizeof(float);
   info.desc = fmt::format("{} {} {}", m.hp.arch, size_label(info.n_params), ftype_name(m));
   info.n_threads = resolve_threads(n_threads);
   return info;
@@ -175,7 +184,7 @@ std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p, const std:
   std::vector<BenchRow> rows;
   RefusalCounts before = dec.refusals();
   auto emit = [&](BenchRow r, int64_t n_tokens) {
-    finish_row(r, n_tokens, info.weight_bytes_per_token);
+    finish_row(r, n_tokens, info, p.peak_gbps > 0 ? p.peak_gbps : dec.device_peak_gbps());
     r.backend = info.backend;
     if (dec.on_device()) {  // a host-only run has nothing to refuse; keep its output quiet
       RefusalCounts d = dec.refusals();
@@ -198,10 +207,10 @@ std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p, const std:
 }
 
 std::string bench_markdown_header() {
-  return fmt::format("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} | {:>8} |\n", "model", "size",
-                     "params", "backend", "threads", "test", "t/s", "GB/s") +
-         fmt::format("| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: | {:->7}: |\n", "", "",
-                     "", "", "", "", "", "");
+  return fmt::format("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} | {:>8} | {:>6} |\n", "model",
+                     "size", "params", "backend", "threads", "test", "t/s", "GB/s", "% peak") +
+         fmt::format("| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: | {:->7}: | {:->5}: |\n", "",
+                     "", "", "", "", "", "", "", "");
 }
 
 std::string bench_markdown_row(const BenchModelInfo& info, const BenchRow& r) {
@@ -210,10 +219,11 @@ std::string bench_markdown_row(const BenchModelInfo& info, const BenchRow& r) {
                                       : fmt::format("{:.2f} MiB", double(info.size_bytes) / double(1ull << 20));
   const std::string params = info.n_params >= 1'000'000'000 ? fmt::format("{:.2f} B", double(info.n_params) / 1e9)
                                                             : fmt::format("{:.2f} M", double(info.n_params) / 1e6);
-  return fmt::format("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} | {:>8} |\n", info.desc, size,
-                     params, r.backend, info.n_threads, r.test,
+  return fmt::format("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} | {:>8} | {:>6} |\n", info.desc,
+                     size, params, r.backend, info.n_threads, r.test,
                      fmt::format("{:.2f} ± {:.2f}", r.ts_mean, r.ts_stddev),
-                     r.gbps ? fmt::format("{:.2f}", *r.gbps) : std::string("-"));
+                     r.gbps ? fmt::format("{:.2f}", *r.gbps) : std::string("-"),
+                     r.gbps && r.peak_gbps > 0 ? fmt::format("{:.1f}", 100.0 * *r.gbps / r.peak_gbps) : std::string("-"));
 }
 
 nlohmann::ordered_json bench_json(const BenchModelInfo& info, const std::vector<BenchRow>& rows) {
@@ -243,7 +253,10 @@ nlohmann::ordered_json bench_json(const BenchModelInfo& info, const std::vector<
     j["samples_ns"] = samples_ns;
     j["samples_ts"] = samples_ts;
     j["weight_bytes_per_token"] = info.weight_bytes_per_token;
+    j["kv_bytes_per_position"] = info.kv_bytes_per_position;
+    j["bytes_per_token"] = r.gbps ? nlohmann::ordered_json(r.bytes_per_token) : nlohmann::ordered_json(nullptr);
     j["gbps"] = r.gbps ? nlohmann::ordered_json(*r.gbps) : nlohmann::ordered_json(nullptr);
+    j["peak_gbps"] = r.peak_gbps > 0 ? nlohmann::ordered_json(r.peak_gbps) : nlohmann::ordered_json(nullptr);
     j["refused_layers"] = r.refused_layers ? nlohmann::ordered_json(*r.refused_layers) : nlohmann::ordered_json(nullptr);
     out.push_back(std::move(j));
   }

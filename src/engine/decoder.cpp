@@ -58,6 +58,8 @@ Decoder::~Decoder() {
 
 std::string Decoder::device_description() const { return device_ ? device_->describe() : "cpu"; }
 
+double Decoder::device_peak_gbps() const { return device_ ? device_->peak_gbps() : 0.0; }
+
 void Decoder::check_tokens(const Session& s, const int32_t* tokens, int64_t n) const {
   if (n == 0) fail("nothing to evaluate: the token list is empty");
   if (s.n_ctx() > 0 && s.n_past() + n > s.n_ctx())

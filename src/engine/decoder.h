@@ -38,6 +38,8 @@ class Decoder {
   // True when a device backend serves this decoder (layers may still refuse).
   bool on_device() const { return device_ != nullptr; }
   std::string device_description() const;
+  // The device's theoretical memory bandwidth in GB/s (0: host path or unknown).
+  double device_peak_gbps() const;
   const RefusalCounts& refusals() const { return refusals_; }
   // Decode steps that ran as one device submission (DeviceBackend::run_token).
   int64_t whole_token_steps() const { return whole_token_steps_; }

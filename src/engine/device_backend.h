@@ -91,6 +91,7 @@ class DeviceBackend {
   virtual ~DeviceBackend() = default;
 
   virtual std::string describe() const = 0;  // "NVIDIA H200 (sm_90), 4.1 GiB of weights"
+  virtual double peak_gbps() const = 0;      // theoretical memory bandwidth, GB/s (0: unknown)
 
   // Could layer `il` run on the device? Decided from the plan and the weights alone, before
   // any state changes; kNone means run_layer may be called.

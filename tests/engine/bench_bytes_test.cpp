@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/read_file.h"
 #include "engine/bench.h"
 #include "engine/logits_harness.h"
 #include "model/model.h"
@@ -100,6 +101,31 @@ TEST(BenchBytes, DenseModelCountsEveryTensorOnce) {
     const Expected e = expected_bytes(*m, 0);
     EXPECT_EQ(e.experts, 0u);
     EXPECT_EQ(bench_model_info(*m, 1).weight_bytes_per_token, want);
+  }
+}
+
+// K/V bytes per position: K and V rows of every attention layer in f32 (n_head_kv heads of
+// head_dim from config.json), none for a hybrid's recurrent layers. The tg row's effective
+// bandwidth adds them times the mean context on top of the weights.
+TEST(BenchBytes, KvBytesCountAttentionLayersOnly) {
+  for (const char* name : {"llama", "qwen3_next"}) {
+    SCOPED_TRACE(name);
+    const auto dir = hf_fixture(name);
+    const auto cfg = nlohmann::json::parse(read_file((dir / "config.json").string()));
+    const int64_t n_layer = cfg["num_hidden_layers"], n_kv = cfg["num_key_value_heads"];
+    const int64_t hd = cfg.contains("head_dim") ? cfg["head_dim"].get<int64_t>()
+                                                : cfg["hidden_size"].get<int64_t>() / cfg["num_attention_heads"].get<int64_t>();
+    int64_t attn_layers = n_layer;
+    if (cfg.contains("layer_types")) {
+      attn_layers = 0;
+      for (const auto& t : cfg["layer_types"]) attn_layers += t == "full_attention";
+    } else if (cfg.contains("full_attention_interval")) {
+      attn_layers = n_layer / cfg["full_attention_interval"].get<int64_t>();
+    }
+    ASSERT_GT(attn_layers, 0);
+    const auto m = load_model(dir.string());
+    const BenchModelInfo info = bench_model_info(*m, 1);
+    EXPECT_EQ(info.kv_bytes_per_position, static_cast<uint64_t>(attn_layers * 2 * n_kv * hd) * sizeof(float));
   }
 }
 
