@@ -197,20 +197,15 @@ std::string CudaBackend::describe() const {
 
 MatmulParams CudaBackend::expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div,
                                         float* y, int64_t y_stride) {
-  MatmulParams p;
-  p.type = x.type;
-  p.w = x.w;
-  p.row_bytes = x.row_bytes;
-  p.n_in = x.n_in;
-  p.n_out = x.n_out;
-  p.x = in;
-  p.x_stride = x.n_in;
-  p.y = y;
-  p.y_stride = y_stride;
+  DeviceLinear one;  // the stack seen as one expert's matrix; expert mode moves to the others
+  one.type = x.type;
+  one.w = x.w;
+  one.row_bytes = x.row_bytes;
+  one.n_in = x.n_in;
+  one.n_out = x.n_out;
+  one.b = x.b;
+  MatmulParams p = matmul_params(one, in, x.n_in, y, y_stride);
   p.n_tok = n_rows;
-  p.bias = x.b;
-  p.act_round = act_.f();
-  p.stream = stream_;
   p.slot_expert = static_cast<const int32_t*>(moe_ids_.p);
   p.n_slots = n_rows * x_div;
   p.x_div = x_div;

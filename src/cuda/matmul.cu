@@ -453,6 +453,10 @@ struct Q8KAct {
   int8_t* q;
   float* d;
   int32_t* sum;
+  // The same layout from activation row r on.
+  __host__ __device__ Q8KAct at_row(int64_t r, int64_t n_in) const {
+    return {q + r * n_in, d + r * (n_in / 256), sum + r * (n_in / 32)};
+  }
 };
 
 Q8KAct q8k_act(const MatmulParams& p) {
@@ -502,10 +506,7 @@ __device__ __forceinline__ int ld_i32(const int8_t* p) { return *reinterpret_cas
 // [16 (k % 2), + 16) of sub-blocks 2 (k / 2) (low nibbles) and 2 (k / 2) + 1 (high nibbles).
 template <int NT>
 __global__ void __launch_bounds__(kQWarps * 32) matvec_q4k_kernel(Args a, Q8KAct x) {
-  {
-    const int64_t xr = select_slot(a);
-    x = {x.q + xr * a.n_in, x.d + xr * (a.n_in / 256), x.sum + xr * (a.n_in / 32)};
-  }
+  x = x.at_row(select_slot(a), a.n_in);
   const int lane = threadIdx.x % 32, k = lane % 8, g = k / 2, l0 = 16 * (k % 2);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
   if (row >= a.n_out) return;
@@ -545,10 +546,7 @@ __global__ void __launch_bounds__(kQWarps * 32) matvec_q4k_kernel(Args a, Q8KAct
 // +64, +96) of that half: 4 bytes of ql at l4 and at 32 + l4, 4 bytes of qh at l4.
 template <int NT>
 __global__ void __launch_bounds__(kQWarps * 32) matvec_q6k_kernel(Args a, Q8KAct x) {
-  {
-    const int64_t xr = select_slot(a);
-    x = {x.q + xr * a.n_in, x.d + xr * (a.n_in / 256), x.sum + xr * (a.n_in / 32)};
-  }
+  x = x.at_row(select_slot(a), a.n_in);
   const int lane = threadIdx.x % 32, k = lane % 16, h = k / 8, l4 = 4 * (k % 8);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
   if (row >= a.n_out) return;
@@ -607,7 +605,7 @@ void matvec_q8k_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
     Args a = a0;
     a.y = p.y + t0 * p.y_stride;
     a.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
-    const Q8KAct xt{x.q + t0 * p.n_in, x.d + t0 * (p.n_in / 256), x.sum + t0 * (p.n_in / 32)};
+    const Q8KAct xt = x.at_row(t0, p.n_in);
     const int64_t step = p.n_tok - t0 >= 4 ? 4 : 1;
     if constexpr (T == kQ4_K) {
       if (step == 4) matvec_q4k_kernel<4><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
