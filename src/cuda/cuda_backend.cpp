@@ -74,7 +74,7 @@ class CudaBackend final : public DeviceBackend {
   double peak_gbps() const override { return info_.peak_gbps; }
   Refusal check_layer(int64_t il) const override { return refusal_[static_cast<size_t>(il)]; }
   Refusal check_output() const override { return refusal_.back(); }
-  void begin_batch(int64_t n_tok, int64_t pos0) override;
+  void begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches) override;
   void upload(const float* x) override;
   void download(float* x) override;
   void run_layer(int64_t il, KvCache& cache) override;
@@ -300,11 +300,15 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   launch_moe_combine(c);
 }
 
-void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0) {
+void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches) {
   // Rows still pending here belong to a batch that failed on the device (its error went up);
   // they never reached the host, and their mirrors, never caught up, re-upload when next used.
   pending_.clear();
   ++batch_tick_;
+  // The batch's caches count as in use before any of them is readied, so making room for one
+  // layer's mirror never evicts another layer of the same sequence.
+  for (KvCache* c : caches)
+    if (auto it = mirrors_.find(c); it != mirrors_.end()) it->second.last_use = batch_tick_;
   n_tok_ = n_tok;
   pos0_ = pos0;
   const Hparams& hp = m_.hp;
@@ -760,15 +764,11 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
                             int32_t* argmax) {
   const Hparams& hp = m_.hp;
   FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
-  begin_batch(1, pos0);
+  begin_batch(1, pos0, caches);
   // Everything that may synchronise, allocate or upload happens here, before the replay.
   const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
   std::vector<KvMirror*> mirrors;
   size_t part = 0;
-  // This token's caches count as in use before any of them is readied, so making room for
-  // one layer's growth never evicts another layer of the same sequence.
-  for (KvCache* c : caches)
-    if (auto it = mirrors_.find(c); it != mirrors_.end()) it->second.last_use = batch_tick_;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
     FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_token with refused layer {}", il);

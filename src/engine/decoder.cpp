@@ -117,7 +117,12 @@ void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* lo
     s.commit(tokens, n);
     return;
   }
-  if (device_) device_->begin_batch(n, pos0);
+  if (device_) {
+    std::vector<KvCache*> caches;
+    for (int64_t il = 0; il < hp.n_layer; ++il)
+      if (hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone) caches.push_back(&s.cache(il));
+    device_->begin_batch(n, pos0, caches);
+  }
   bool x_on_device = false;  // where the current residual lives
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     if (hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone) {  // host only, for now

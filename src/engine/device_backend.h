@@ -100,7 +100,9 @@ class DeviceBackend {
   virtual Refusal check_output() const = 0;
 
   // Sizes the batch's device buffers for n_tok tokens at positions [pos0, pos0 + n_tok).
-  virtual void begin_batch(int64_t n_tok, int64_t pos0) = 0;
+  // caches: the sequence's host caches of its attention layers, which the batch will use
+  // (their mirrors are then never evicted to make room for one another).
+  virtual void begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches) = 0;
   // Host residual [n_tok][n_embd] -> device (after embedding, or after a host layer).
   virtual void upload(const float* x) = 0;
   // Waits for the device, appends every pending K/V row to its host cache, and copies the
@@ -120,7 +122,8 @@ class DeviceBackend {
   // among the largest logits) found on the device, so greedy decoding need not bring the
   // logits over. caches[il] is layer il's host cache (rows() == pos0). One submission and one
   // wait; on return the new K/V rows are in the host caches. The same arithmetic as
-  // begin_batch(1, pos0), upload, run_layer for each layer and output_logits(0, 1), bit for bit.
+  // begin_batch(1, pos0, caches), upload, run_layer for each layer and output_logits(0, 1),
+  // bit for bit.
   virtual void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
                          int32_t* argmax) = 0;
 };
