@@ -43,6 +43,7 @@
 #include "cuda/kv_mirror.h"
 #include "cuda/matmul.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/pick.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
 
@@ -80,7 +81,7 @@ class CudaBackend final : public DeviceBackend {
   void run_layer(int64_t il, KvCache& cache) override;
   void output_logits(int64_t first, int64_t n, float* logits) override;
   void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
-                 int32_t* argmax) override;
+                 TokenPick* pick) override;
 
  private:
   struct Pending {
@@ -98,11 +99,12 @@ class CudaBackend final : public DeviceBackend {
   // The device work of layer il / of the head; max_keys bounds the attention grid.
   void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
   void enqueue_head(int64_t first, int64_t n);
-  std::vector<uintptr_t> graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys, bool argmax) const;
+  // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k.
+  std::vector<uintptr_t> graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys, int pick_k) const;
   cudaGraphExec_t capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys,
-                                bool argmax);
+                                int pick_k);
   cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
-                                  std::span<const Pending> pds, int64_t max_keys, bool argmax);
+                                  std::span<const Pending> pds, int64_t max_keys, int pick_k);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual).
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
@@ -147,9 +149,15 @@ class CudaBackend final : public DeviceBackend {
   std::vector<Pending> pending_;
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   int32_t* pos_host_ = nullptr;  // pinned source of that copy
-  int32_t* argmax_dev_ = nullptr;   // run_token's greedy token, and its pinned landing place
-  int32_t* argmax_host_ = nullptr;
-  void* argmax_scratch_ = nullptr;
+  // run_token's pick: parameters (device, and the pinned copy sent each step), the chosen id
+  // or top-k (device, pinned landing place), scratch for the reductions.
+  PickDev* pick_dev_ = nullptr;
+  PickDev* pick_host_ = nullptr;
+  int32_t* pick_ids_dev_ = nullptr;  // [kPickMaxTopK]; [0] is the argmax
+  float* pick_vals_dev_ = nullptr;
+  int32_t* pick_ids_host_ = nullptr;
+  float* pick_vals_host_ = nullptr;
+  DevBuf pick_scratch_;
   // Captured token graphs by key, most recent last: a few, so sequences that take turns on
   // one backend (a server's slots) each keep theirs instead of recapturing every step.
   struct TokenGraph {
@@ -169,9 +177,13 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
   FRINK_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int32_t)));
   FRINK_CUDA_CHECK(cudaMallocHost(&pos_host_, sizeof(int32_t)));
-  FRINK_CUDA_CHECK(cudaMalloc(&argmax_dev_, sizeof(int32_t)));
-  FRINK_CUDA_CHECK(cudaMallocHost(&argmax_host_, sizeof(int32_t)));
-  FRINK_CUDA_CHECK(cudaMalloc(&argmax_scratch_, argmax_scratch_bytes()));
+  FRINK_CUDA_CHECK(cudaMalloc(&pick_dev_, sizeof(PickDev)));
+  FRINK_CUDA_CHECK(cudaMallocHost(&pick_host_, sizeof(PickDev)));
+  FRINK_CUDA_CHECK(cudaMalloc(&pick_ids_dev_, kPickMaxTopK * sizeof(int32_t)));
+  FRINK_CUDA_CHECK(cudaMalloc(&pick_vals_dev_, kPickMaxTopK * sizeof(float)));
+  FRINK_CUDA_CHECK(cudaMallocHost(&pick_ids_host_, kPickMaxTopK * sizeof(int32_t)));
+  FRINK_CUDA_CHECK(cudaMallocHost(&pick_vals_host_, kPickMaxTopK * sizeof(float)));
+  pick_scratch_.ensure(std::max(argmax_scratch_bytes(), topk_scratch_bytes(m.hp.n_vocab, kPickMaxTopK)));
 }
 
 CudaBackend::~CudaBackend() {
@@ -180,9 +192,12 @@ CudaBackend::~CudaBackend() {
   FRINK_LOG_DEBUG("device: {} token graph capture(s), {} mirror eviction(s)", n_captures_, n_evictions_);
   cudaFree(pos_dev_);
   cudaFreeHost(pos_host_);
-  cudaFree(argmax_dev_);
-  cudaFreeHost(argmax_host_);
-  cudaFree(argmax_scratch_);
+  cudaFree(pick_dev_);
+  cudaFreeHost(pick_host_);
+  cudaFree(pick_ids_dev_);
+  cudaFree(pick_vals_dev_);
+  cudaFreeHost(pick_ids_host_);
+  cudaFreeHost(pick_vals_host_);
   cudaFreeHost(staging_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
@@ -699,8 +714,8 @@ void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
 }
 
 std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys,
-                                             bool argmax) const {
-  std::vector<uintptr_t> key{argmax};
+                                             int pick_k) const {
+  std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1)};
   for (const DevBuf* b : {&act_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
                           &moe_sh_g_})
@@ -716,14 +731,20 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors
 }
 
 cudaGraphExec_t CudaBackend::capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds,
-                                           int64_t max_keys, bool argmax) {
+                                           int64_t max_keys, int pick_k) {
   // ThreadLocal: only this thread's calls are checked for capture safety (the host thread
   // pool never touches CUDA).
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     for (size_t il = 0; il < mirrors.size(); ++il) enqueue_layer(static_cast<int64_t>(il), *mirrors[il], pds[il], max_keys);
     enqueue_head(0, 1);
-    if (argmax) launch_argmax(logits_.f(), m_.hp.n_vocab, argmax_scratch_, argmax_dev_, stream_);
+    if (pick_k >= 0) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k
+      launch_penalties(logits_.f(), pick_dev_, stream_);
+      if (pick_k == 0)
+        launch_argmax(logits_.f(), m_.hp.n_vocab, pick_scratch_.p, pick_ids_dev_, stream_);
+      else
+        launch_topk(logits_.f(), m_.hp.n_vocab, pick_k, pick_scratch_.p, pick_ids_dev_, pick_vals_dev_, stream_);
+    }
   } catch (...) {
     cudaGraph_t broken = nullptr;
     cudaStreamEndCapture(stream_, &broken);  // leave the stream usable; the error goes up
@@ -744,14 +765,14 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<KvMirror* const> mirrors, s
 }
 
 cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
-                                             std::span<const Pending> pds, int64_t max_keys, bool argmax) {
+                                             std::span<const Pending> pds, int64_t max_keys, int pick_k) {
   for (size_t i = 0; i < token_graphs_.size(); ++i)
     if (token_graphs_[i].key == key) {
       std::rotate(token_graphs_.begin() + static_cast<std::ptrdiff_t>(i),
                   token_graphs_.begin() + static_cast<std::ptrdiff_t>(i) + 1, token_graphs_.end());
       return token_graphs_.back().exec;
     }
-  cudaGraphExec_t exec = capture_token(mirrors, pds, max_keys, argmax);
+  cudaGraphExec_t exec = capture_token(mirrors, pds, max_keys, pick_k);
   if (token_graphs_.size() == kMaxTokenGraphs) {  // no replay is in flight: every token ends with a wait
     FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graphs_.front().exec));
     token_graphs_.erase(token_graphs_.begin());
@@ -761,9 +782,10 @@ cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::sp
 }
 
 void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
-                            int32_t* argmax) {
+                            TokenPick* pick) {
   const Hparams& hp = m_.hp;
   FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
+  FRINK_ASSERT((logits != nullptr) != (pick != nullptr), "run_token returns the logits or a pick, one of them");
   begin_batch(1, pos0, caches);
   // Everything that may synchronise, allocate or upload happens here, before the replay.
   const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
@@ -784,17 +806,41 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   std::vector<Pending> pds;
   for (int64_t il = 0; il < hp.n_layer; ++il) pds.push_back(add_pending(*caches[static_cast<size_t>(il)], *mirrors[static_cast<size_t>(il)]));
   try {
-    const bool want_argmax = argmax != nullptr;
-    cudaGraphExec_t exec =
-        token_graph_for(graph_key(mirrors, max_keys, want_argmax), mirrors, pds, max_keys, want_argmax);
+    const int pick_k = pick ? pick->top_k : -1;
+    if (pick) {  // the step's pick parameters, before the replay that reads them
+      FRINK_ASSERT(pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
+                       pick->n_pen >= 0 && pick->n_pen <= kPickMaxPenalties,
+                   "device pick of top {} with {} penalties", pick->top_k, pick->n_pen);
+      pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
+      pick_host_->repeat = pick->repeat;
+      pick_host_->frequency = pick->frequency;
+      pick_host_->presence = pick->presence;
+      for (int64_t i = 0; i < pick->n_pen; ++i) {
+        pick_host_->pen[2 * i] = pick->pen_ids[i];
+        pick_host_->pen[2 * i + 1] = pick->pen_counts[i];
+      }
+      FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_dev_, pick_host_, pick_dev_bytes(pick_host_->n_pen),
+                                       cudaMemcpyHostToDevice, stream_));
+    }
+    cudaGraphExec_t exec = token_graph_for(graph_key(mirrors, max_keys, pick_k), mirrors, pds, max_keys, pick_k);
     FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     if (logits)
       FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
-    if (want_argmax)
-      FRINK_CUDA_CHECK(cudaMemcpyAsync(argmax_host_, argmax_dev_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    const int n_back = pick_k > 0 ? pick_k : 1;
+    if (pick) {
+      FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_ids_host_, pick_ids_dev_, n_back * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                       stream_));
+      if (pick_k > 0)
+        FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_vals_host_, pick_vals_dev_, n_back * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream_));
+    }
     flush();
-    if (want_argmax) *argmax = *argmax_host_;
+    if (pick && pick_k == 0) pick->id = pick_ids_host_[0];
+    if (pick_k > 0) {
+      pick->top.clear();
+      for (int i = 0; i < pick_k; ++i) pick->top.emplace_back(pick_ids_host_[i], pick_vals_host_[i]);
+    }
   } catch (...) {
     // The booked rows never reached the host: forget them, so the error is this step's
     // alone and the next batch starts clean (and the mirrors, not caught up, re-upload).

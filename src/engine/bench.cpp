@@ -114,7 +114,8 @@ BenchRow bench_tg(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_
     const auto t0 = Clock::now();
     // Each step ends with the greedy token on the host, as a generating loop needs it (on a
     // device that runs the whole step, the argmax is taken there).
-    for (int64_t i = 0; i < n; ++i) tok = dec.eval_greedy(s, tok);
+    Sampler greedy(SamplerParams{.temp = 0.0f}, static_cast<int>(dec.n_vocab()));
+    for (int64_t i = 0; i < n; ++i) tok = dec.eval_next(s, tok, greedy);
     if (rep >= 0) r.samples_s.push_back(seconds_since(t0));
   }
   return r;

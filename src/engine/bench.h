@@ -1,6 +1,6 @@
 // Throughput measurement in llama-bench's spirit: prompt processing (pp: n_prompt tokens in
 // batches) and token generation (tg: n_gen tokens one at a time, each the greedy argmax of
-// the previous step's logits, back on the host before the next step: Decoder::eval_greedy,
+// the previous step's logits, back on the host before the next step: Decoder::eval_next,
 // which takes the argmax on the device when the whole step runs there), at chosen depths.
 //
 // Method: per (test, depth), the session is filled with `depth` random tokens (not timed),

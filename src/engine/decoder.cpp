@@ -69,15 +69,28 @@ void Decoder::check_tokens(const Session& s, const int32_t* tokens, int64_t n) c
       fail("token id {} is outside the vocabulary of {} tokens", tokens[i], m_.hp.n_vocab);
 }
 
-int32_t Decoder::eval_greedy(Session& s, int32_t token) {
-  if (!token_graph_) {
-    eval(s, {token}, false, greedy_logits_);
-    return greedy_token(greedy_logits_.data(), m_.hp.n_vocab);
+int32_t Decoder::eval_next(Session& s, int32_t token, Sampler& sampler) {
+  if (token_graph_) {
+    std::optional<DevicePick> dp = sampler.device_pick();
+    if (dp && dp->top_k <= kMaxPickTopK && static_cast<int64_t>(dp->pen_ids.size()) <= kMaxPickPenalties) {
+      check_tokens(s, &token, 1);
+      TokenPick pick;
+      pick.top_k = dp->top_k;
+      pick.pen_ids = dp->pen_ids.data();
+      pick.pen_counts = dp->pen_counts.data();
+      pick.n_pen = static_cast<int64_t>(dp->pen_ids.size());
+      pick.repeat = dp->repeat;
+      pick.frequency = dp->frequency;
+      pick.presence = dp->presence;
+      eval_batch(s, &token, 1, nullptr, false, &pick);
+      if (pick.top_k == 0) return pick.id;
+      std::vector<TokenLogit> top;
+      for (const auto& [id, logit] : pick.top) top.push_back({id, logit});
+      return sampler.sample_top(std::move(top));
+    }
   }
-  check_tokens(s, &token, 1);
-  int32_t next = -1;
-  eval_batch(s, &token, 1, nullptr, false, &next);
-  return next;
+  eval(s, {token}, false, next_logits_);
+  return sampler.sample(next_logits_.data());
 }
 
 void Decoder::eval(Session& s, const std::vector<int32_t>& tokens, bool all_logits,
@@ -102,17 +115,17 @@ Refusal Decoder::ask_device(int64_t il) const {
 }
 
 void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* logits_out, bool all_logits,
-                         int32_t* argmax_out) {
+                         TokenPick* pick) {
   const Hparams& hp = m_.hp;
   const int64_t pos0 = s.n_past();
   const bool count = opts_.device != DeviceChoice::kCpu;
   std::vector<float> x(static_cast<size_t>(n * hp.n_embd));
   cpu::embed_tokens(m_, tokens, n, x.data());
-  if (token_graph_ && n == 1 && (logits_out || argmax_out)) {
+  if (token_graph_ && n == 1 && (logits_out || pick)) {
     for (int64_t il = 0; il <= hp.n_layer; ++il) refusals_.add(Refusal::kNone);
     std::vector<KvCache*> caches;
     for (int64_t il = 0; il < hp.n_layer; ++il) caches.push_back(&s.cache(il));
-    device_->run_token(pos0, x.data(), caches, logits_out, argmax_out);
+    device_->run_token(pos0, x.data(), caches, logits_out, pick);
     ++whole_token_steps_;
     s.commit(tokens, n);
     return;

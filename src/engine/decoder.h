@@ -14,6 +14,7 @@
 
 #include "cpu/thread_pool.h"
 #include "engine/device_backend.h"
+#include "engine/sampler.h"
 #include "engine/session.h"
 #include "model/model.h"
 
@@ -48,14 +49,15 @@ class Decoder {
   // all_logits, else the last token's [n_vocab]. Throws frink::Error, leaving the session
   // unchanged, when the tokens do not fit the session's context or an id is out of range.
   void eval(Session& s, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>& logits);
-  // Appends one token and returns the greedy next token (greedy_token of its logits). When the
-  // step runs whole on the device the argmax is taken there and the logits stay there.
-  int32_t eval_greedy(Session& s, int32_t token);
+  // Appends one token and returns the next one as sampler.sample() would choose it from the
+  // logits (the caller accepts it). When the step runs whole on the device, the penalties and
+  // the argmax or top-k (Sampler::device_pick) happen there and the logits stay there.
+  int32_t eval_next(Session& s, int32_t token, Sampler& sampler);
 
  private:
   void check_tokens(const Session& s, const int32_t* tokens, int64_t n) const;
   void eval_batch(Session& s, const int32_t* tokens, int64_t n, float* logits_out, bool all_logits,
-                  int32_t* argmax_out = nullptr);
+                  TokenPick* pick = nullptr);
   Refusal ask_device(int64_t il) const;
   bool whole_token_on_device() const;
 
@@ -66,7 +68,7 @@ class Decoder {
   RefusalCounts refusals_;
   bool token_graph_ = false;  // decode steps go to DeviceBackend::run_token
   int64_t whole_token_steps_ = 0;
-  std::vector<float> greedy_logits_;  // eval_greedy's logits when they come to the host
+  std::vector<float> next_logits_;  // eval_next's logits when they come to the host
 };
 
 }  // namespace frink

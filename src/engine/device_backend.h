@@ -15,6 +15,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "kv/kv_cache.h"
 
@@ -79,6 +81,23 @@ struct DeviceHooks {
   int64_t mirror_budget_bytes = 0;  // > 0: KV mirrors get this much device memory, not all free
 };
 
+// A decode step's next token chosen on the device (run_token), so the logits need not cross to
+// the host: penalties on the listed tokens (llama.cpp's: logit = logit <= 0 ? logit * repeat :
+// logit / repeat, then minus count * frequency + presence, rounded as the host rounds them),
+// then the argmax (top_k == 0) or the top_k best, logit descending and id ascending on ties
+// (the host sampler's top-k order).
+inline constexpr int64_t kMaxPickPenalties = 4096;
+inline constexpr int kMaxPickTopK = 256;
+struct TokenPick {
+  int top_k = 0;
+  const int32_t* pen_ids = nullptr;
+  const int32_t* pen_counts = nullptr;
+  int64_t n_pen = 0;
+  float repeat = 1.0f, frequency = 0.0f, presence = 0.0f;
+  int32_t id = -1;                             // out when top_k == 0
+  std::vector<std::pair<int32_t, float>> top;  // out when top_k > 0: (id, penalised logit)
+};
+
 // One device as the Decoder sees it. The residual stream of a batch lives on the device
 // between device layers, so consecutive device layers cost no host round trip; the Decoder
 // moves it with upload()/download() only where a refusing layer sits between them.
@@ -117,15 +136,13 @@ class DeviceBackend {
   virtual void output_logits(int64_t first, int64_t n, float* logits) = 0;
 
   // A whole decode step at once (DESIGN.md section 4), when every layer and the head run
-  // here: host residual x [n_embd] of the token at position pos0 in; out, each when not null:
-  // logits [n_vocab], and *argmax, the greedy next token (greedy_token's rule: the lowest id
-  // among the largest logits) found on the device, so greedy decoding need not bring the
-  // logits over. caches[il] is layer il's host cache (rows() == pos0). One submission and one
-  // wait; on return the new K/V rows are in the host caches. The same arithmetic as
-  // begin_batch(1, pos0, caches), upload, run_layer for each layer and output_logits(0, 1),
-  // bit for bit.
+  // here: host residual x [n_embd] of the token at position pos0 in; out, exactly one of:
+  // logits [n_vocab], or the next token chosen on the device (pick, see TokenPick).
+  // caches[il] is layer il's host cache (rows() == pos0). One submission and one wait; on
+  // return the new K/V rows are in the host caches. The same arithmetic as begin_batch(1,
+  // pos0, caches), upload, run_layer for each layer and output_logits(0, 1), bit for bit.
   virtual void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
-                         int32_t* argmax) = 0;
+                         TokenPick* pick) = 0;
 };
 
 }  // namespace frink

@@ -32,9 +32,6 @@ GenerateStats generate(Decoder& dec, Session& s, const Tokenizer& tok, const std
 
   StreamDecoder text(tok, false);
   t0 = std::chrono::steady_clock::now();
-  // Greedy without penalties: the decoder picks each next token itself (on the device when
-  // the whole step runs there, so the logits never cross to the host).
-  const bool greedy = sampler.greedy();
   int32_t next = sampler.sample(logits.data());
   while (opts.n_predict < 0 || st.n_generated < opts.n_predict) {
     if (stop && stop->load()) {
@@ -54,12 +51,9 @@ GenerateStats generate(Decoder& dec, Session& s, const Tokenizer& tok, const std
       st.hit_context_limit = true;
       break;
     }
-    if (greedy) {
-      next = dec.eval_greedy(s, next);
-    } else {
-      dec.eval(s, {next}, false, logits);
-      next = sampler.sample(logits.data());
-    }
+    // The decoder picks the next token with the sampler: on the device when the whole step
+    // runs there, so the logits never cross to the host.
+    next = dec.eval_next(s, next, sampler);
   }
   if (auto rest = text.flush(); !rest.empty()) on_text(rest);
   st.generate_seconds = seconds_since(t0);

@@ -114,7 +114,23 @@ bool penalties_off(const SamplerParams& p) {
 }
 }  // namespace
 
-bool Sampler::greedy() const { return params_.temp <= 0.0f && penalties_off(params_); }
+std::optional<DevicePick> Sampler::device_pick() const {
+  DevicePick pick;
+  if (params_.temp > 0.0f) {
+    if (params_.top_k <= 0 || params_.top_k >= n_vocab_) return std::nullopt;
+    pick.top_k = params_.top_k;
+  }
+  if (!counts_.empty() && !penalties_off(params_)) {
+    pick.repeat = params_.repeat_penalty;
+    pick.frequency = params_.frequency_penalty;
+    pick.presence = params_.presence_penalty;
+    for (const auto& [id, n] : counts_) {
+      pick.pen_ids.push_back(id);
+      pick.pen_counts.push_back(n);
+    }
+  }
+  return pick;
+}
 
 void Sampler::apply_penalties(std::vector<TokenLogit>& cands) const {
   const SamplerParams& p = params_;
@@ -152,10 +168,20 @@ int32_t Sampler::sample(const float* logits) {
   if (params_.temp <= 0.0f) return cands_[sampling::argmax(cands_)].id;
 
   sampling::top_k(cands_, params_.top_k);
-  sampling::top_p(cands_, params_.top_p);
-  sampling::min_p(cands_, params_.min_p);
-  for (TokenLogit& c : cands_) c.logit /= params_.temp;
-  return draw(cands_);
+  return finish(cands_);
+}
+
+int32_t Sampler::sample_top(std::vector<TokenLogit> top) {
+  FRINK_ASSERT(params_.temp > 0.0f && params_.top_k > 0 && top.size() == static_cast<size_t>(params_.top_k),
+               "sample_top needs the {} best candidates, got {}", params_.top_k, top.size());
+  return finish(top);
+}
+
+int32_t Sampler::finish(std::vector<TokenLogit>& cands) {
+  sampling::top_p(cands, params_.top_p);
+  sampling::min_p(cands, params_.min_p);
+  for (TokenLogit& c : cands) c.logit /= params_.temp;
+  return draw(cands);
 }
 
 int32_t greedy_token(const float* logits, int64_t n) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <vector>
@@ -57,6 +58,16 @@ size_t argmax(const std::vector<TokenLogit>& cands);
 // Sampler::sample returns at temp <= 0 without penalties).
 int32_t greedy_token(const float* logits, int64_t n);
 
+// The part of Sampler::sample a device can do next to the logits, so they need not cross to
+// the host: the penalties, then the argmax (top_k == 0: the whole of a greedy sample) or the
+// top_k best candidates, best first (logit descending, id ascending: sampling::top_k's
+// order), from which Sampler::sample_top finishes the chain.
+struct DevicePick {
+  int top_k = 0;
+  std::vector<int32_t> pen_ids, pen_counts;  // tokens in the penalty window and their counts
+  float repeat = 1.0f, frequency = 0.0f, presence = 0.0f;
+};
+
 class Sampler {
  public:
   // n_vocab: the length of every logits row passed to sample().
@@ -71,12 +82,17 @@ class Sampler {
   void reset();
 
   const SamplerParams& params() const { return params_; }
-  // sample() is greedy_token of the raw logits (temp <= 0, no penalty in effect): the caller
-  // may then let the decoder pick the token (Decoder::eval_greedy) and skip the logits.
-  bool greedy() const;
+  // What a device may do of the next sample() (see DevicePick); none when the chain needs
+  // every logit (temp > 0 with top-k off or not below the vocabulary).
+  std::optional<DevicePick> device_pick() const;
+  // Finishes sample() from the device's top-k of the penalised logits (device_pick().top_k
+  // candidates in sampling::top_k's order): top-p, min-p, temperature, draw. The same token
+  // and RNG draw as sample() on the full logits.
+  int32_t sample_top(std::vector<TokenLogit> top);
 
  private:
   void apply_penalties(std::vector<TokenLogit>& cands) const;
+  int32_t finish(std::vector<TokenLogit>& cands);  // top-p, min-p, temperature, draw
   int32_t draw(std::vector<TokenLogit>& cands);
 
   SamplerParams params_;

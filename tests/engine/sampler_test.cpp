@@ -258,5 +258,48 @@ TEST(SamplerPenalties, ApplyBeforeTopK) {
   EXPECT_EQ(s.sample(l.data()), 1);
 }
 
+// The device split of sample(): device_pick's penalties and top-k computed here as a device
+// does (the llama.cpp penalty formula on the listed tokens, then sampling::top_k), and
+// sample_top finishing from them, draw the same token as sample() on the full logits, step
+// after step with the same seed. And device_pick declines what it cannot split.
+TEST(SamplerDevicePick, TopKPlusSampleTopEqualsSample) {
+  SamplerParams p;
+  p.temp = 0.8f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  p.repeat_penalty = 1.2f;
+  p.frequency_penalty = 0.3f;
+  p.presence_penalty = 0.2f;
+  p.seed = 11;
+  const int n_vocab = 3000;
+  Sampler full(p, n_vocab), split(p, n_vocab);
+  for (int step = 0; step < 50; ++step) {
+    std::vector<float> l = random_logits(n_vocab, 100 + step);
+    l[17] = l[18] = 9.0f;  // a tie at the top: the lower id first
+    const int32_t want = full.sample(l.data());
+    const std::optional<DevicePick> pick = split.device_pick();
+    ASSERT_TRUE(pick.has_value());
+    ASSERT_EQ(pick->top_k, 40);
+    for (size_t i = 0; i < pick->pen_ids.size(); ++i) {
+      float& v = l[static_cast<size_t>(pick->pen_ids[i])];
+      v = v <= 0 ? v * pick->repeat : v / pick->repeat;
+      v -= float(pick->pen_counts[i]) * pick->frequency + pick->presence;
+    }
+    std::vector<TokenLogit> top = cands_of(l);
+    sampling::top_k(top, pick->top_k);
+    const int32_t got = split.sample_top(top);
+    ASSERT_EQ(got, want) << "step " << step;
+    full.accept(want);
+    split.accept(got);
+  }
+  SamplerParams no_k = p;
+  no_k.top_k = 0;
+  EXPECT_FALSE(Sampler(no_k, n_vocab).device_pick().has_value());  // needs every logit
+  SamplerParams greedy = p;
+  greedy.temp = 0.0f;
+  EXPECT_EQ(Sampler(greedy, n_vocab).device_pick()->top_k, 0);  // the argmax
+}
+
 }  // namespace
 }  // namespace frink

@@ -20,6 +20,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/pick.cuh"
 #include "cpu/moe.h"
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
@@ -636,6 +637,58 @@ TEST(CudaKernels, MoeCombineMatchesHostOrder) {
   const auto out = dr.get();
   // f32 on both sides; the device may contract a multiply-add into an FMA: 1e-12.
   EXPECT_LT(nmse(out.data(), ref.data(), ref.size()), 1e-12);
+}
+
+// Penalties and top-k on the device = the host sampler's: the llama.cpp penalty formula on
+// the listed tokens (bit for bit), then sampling::top_k's candidates and order (value
+// descending, id ascending), over vocabularies below, at and above the kernels' chunking,
+// with ties at the cut and -inf logits.
+TEST(CudaKernels, PenaltiesAndTopKMatchTheHostSampler) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(53);
+  for (int64_t n : {100, 1024, 1025, 32000, 151936}) {
+    for (int k : {1, 40, 99, 256}) {
+      if (k >= n) continue;
+      auto l = random_floats(rng, n, 2.0f);
+      l[static_cast<size_t>(n / 2)] = l[static_cast<size_t>(n / 3)] = 7.5f;  // a tie near the top
+      l[static_cast<size_t>(n - 1)] = -INFINITY;
+      cuda::PickDev pd{};
+      pd.repeat = 1.3f;
+      pd.frequency = 0.25f;
+      pd.presence = 0.5f;
+      std::vector<float> ref = l;
+      for (int i = 0; i < 60; ++i) {
+        const int32_t id = static_cast<int32_t>((i * 7919) % n);
+        bool dup = false;
+        for (int j = 0; j < pd.n_pen; ++j) dup |= pd.pen[2 * j] == id;
+        if (dup) continue;
+        pd.pen[2 * pd.n_pen] = id;
+        pd.pen[2 * pd.n_pen + 1] = 1 + i % 4;
+        float& v = ref[static_cast<size_t>(id)];
+        v = v <= 0 ? v * pd.repeat : v / pd.repeat;
+        v -= float(1 + i % 4) * pd.frequency + pd.presence;
+        ++pd.n_pen;
+      }
+      std::vector<TokenLogit> want;
+      for (int64_t i = 0; i < n; ++i) want.push_back({static_cast<int32_t>(i), ref[static_cast<size_t>(i)]});
+      sampling::top_k(want, k);
+      Dev<float> dl(l);
+      Dev<uint8_t> dpick(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(&pd),
+                                              reinterpret_cast<const uint8_t*>(&pd) + sizeof(pd)));
+      Dev<uint8_t> scratch(std::vector<uint8_t>(cuda::topk_scratch_bytes(n, k)));
+      Dev<int32_t> ids(std::vector<int32_t>(static_cast<size_t>(k), -1));
+      Dev<float> vals(static_cast<size_t>(k));
+      cuda::launch_penalties(dl.p, reinterpret_cast<const cuda::PickDev*>(dpick.p), nullptr);
+      EXPECT_EQ(dl.get(), ref) << "penalties, n " << n;
+      cuda::launch_topk(dl.p, n, k, scratch.p, ids.p, vals.p, nullptr);
+      const auto gi = ids.get();
+      const auto gv = vals.get();
+      for (int r = 0; r < k; ++r) {
+        EXPECT_EQ(gi[static_cast<size_t>(r)], want[static_cast<size_t>(r)].id) << "n " << n << " k " << k << " rank " << r;
+        EXPECT_EQ(gv[static_cast<size_t>(r)], want[static_cast<size_t>(r)].logit) << "n " << n << " k " << k << " rank " << r;
+      }
+    }
+  }
 }
 
 // Device argmax = greedy_token: random logits over vocabulary sizes around the grid's stride,

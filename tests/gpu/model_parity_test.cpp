@@ -161,10 +161,11 @@ TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
     EXPECT_EQ(b.whole_token_steps, 0) << rel;
     EXPECT_EQ(a.decode, b.decode) << rel;
     EXPECT_EQ(a.greedy, b.greedy) << rel;
-    // eval_greedy (the argmax taken on the device, the logits left there) gives the same
-    // tokens; alternating it with logits steps on one Decoder also proves the two kinds of
-    // graph (with and without the argmax) are told apart. The prompt is evaluated as
-    // run_model does (all logits), so the first token comes from the same head.
+    // eval_next with a greedy sampler (the argmax taken on the device, the logits left there)
+    // gives the same tokens; alternating it with logits steps on one Decoder also proves the
+    // two kinds of graph (with and without the pick) are told apart. The prompt is evaluated
+    // as run_model does (all logits), so the first token comes from the same head.
+    Sampler greedy_sampler(SamplerParams{.temp = 0.0f}, static_cast<int>(m->hp.n_vocab));
     Decoder dec(*m, opts(DeviceChoice::kCuda, 512));
     Session s(*m, 0);
     std::vector<int32_t> prompt;
@@ -174,7 +175,7 @@ TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
     std::vector<int32_t> greedy{greedy_token(logits.data() + 499 * m->hp.n_vocab, m->hp.n_vocab)};
     for (int i = 0; i < 30; ++i) {
       if (i % 2 == 0) {
-        greedy.push_back(dec.eval_greedy(s, greedy.back()));
+        greedy.push_back(dec.eval_next(s, greedy.back(), greedy_sampler));
       } else {
         dec.eval(s, {greedy.back()}, false, logits);
         greedy.push_back(greedy_token(logits.data(), m->hp.n_vocab));
@@ -183,6 +184,47 @@ TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
     EXPECT_EQ(greedy, a.greedy) << rel;
     EXPECT_EQ(dec.whole_token_steps(), 30) << rel;
   }
+}
+
+// Sampling with the next token picked on the device (penalties and top-k there, top-p /
+// min-p / temperature / the draw on the host from those k) gives exactly the tokens of the
+// same sampler fed the full logits layer by layer: same seed, same draws.
+TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
+  FRINK_REQUIRE_GPU();
+  const char* rel = "llamacpp/quant/llama-dense-Q4_K_M.gguf";
+  FRINK_REQUIRE_GPU_DATA(rel);
+  const auto m = load_model((gpu_testdata() / rel).string());
+  SamplerParams sp;
+  sp.temp = 0.9f;
+  sp.top_k = 40;
+  sp.top_p = 0.95f;
+  sp.min_p = 0.02f;
+  sp.repeat_penalty = 1.3f;
+  sp.frequency_penalty = 0.2f;
+  sp.presence_penalty = 0.1f;
+  sp.seed = 7;
+  const auto run = [&](bool graphs) {
+    DecoderOptions o = opts(DeviceChoice::kCuda, 512);
+    o.hooks.no_token_graph = !graphs;
+    Decoder dec(*m, o);
+    Session s(*m, 0);
+    Sampler sampler(sp, static_cast<int>(m->hp.n_vocab));
+    const std::vector<int32_t> prompt = {1, 15, 27, 3, 99, 42, 7};
+    for (int32_t t : prompt) sampler.accept(t);
+    std::vector<float> logits;
+    dec.eval(s, prompt, false, logits);
+    std::vector<int32_t> out{sampler.sample(logits.data())};
+    for (int i = 0; i < 40; ++i) {
+      sampler.accept(out.back());
+      out.push_back(dec.eval_next(s, out.back(), sampler));
+    }
+    return std::make_pair(out, dec.whole_token_steps());
+  };
+  const auto [picked, n_graph] = run(true);
+  const auto [host, n_layered] = run(false);
+  EXPECT_EQ(n_graph, 40);
+  EXPECT_EQ(n_layered, 0);
+  EXPECT_EQ(picked, host);
 }
 
 // Two sequences taking turns on one Decoder (a server's slots), each with its own mirrors and
