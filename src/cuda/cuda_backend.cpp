@@ -49,6 +49,9 @@
 
 namespace frink::cuda {
 
+static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPickTopK,
+              "the engine's pick limits are the kernels'");
+
 namespace {
 
 // A device buffer that only grows (sized for the largest batch seen).
@@ -807,10 +810,11 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   for (int64_t il = 0; il < hp.n_layer; ++il) pds.push_back(add_pending(*caches[static_cast<size_t>(il)], *mirrors[static_cast<size_t>(il)]));
   try {
     const int pick_k = pick ? pick->top_k : -1;
-    if (pick) {  // the step's pick parameters, before the replay that reads them
-      FRINK_ASSERT(pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
-                       pick->n_pen >= 0 && pick->n_pen <= kPickMaxPenalties,
-                   "device pick of top {} with {} penalties", pick->top_k, pick->n_pen);
+    FRINK_ASSERT(!pick || (pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
+                           pick->n_pen >= 0 && pick->n_pen <= kPickMaxPenalties),
+                 "device pick of top {} with {} penalties", pick_k, pick ? pick->n_pen : 0);
+    cudaGraphExec_t exec = token_graph_for(graph_key(mirrors, max_keys, pick_k), mirrors, pds, max_keys, pick_k);
+    if (pick) {  // the step's pick parameters, after any capture, before the replay that reads them
       pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
       pick_host_->repeat = pick->repeat;
       pick_host_->frequency = pick->frequency;
@@ -822,7 +826,6 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
       FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_dev_, pick_host_, pick_dev_bytes(pick_host_->n_pen),
                                        cudaMemcpyHostToDevice, stream_));
     }
-    cudaGraphExec_t exec = token_graph_for(graph_key(mirrors, max_keys, pick_k), mirrors, pds, max_keys, pick_k);
     FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     if (logits)
       FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float),
@@ -844,6 +847,7 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   } catch (...) {
     // The booked rows never reached the host: forget them, so the error is this step's
     // alone and the next batch starts clean (and the mirrors, not caught up, re-upload).
+    cudaStreamSynchronize(stream_);  // no queued copy may still read the pinned buffers
     pending_.clear();
     staging_used_ = staging_landed_ = 0;
     throw;

@@ -20,7 +20,7 @@ __global__ void penalties_kernel(float* logits, const PickDev* p) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const int32_t id = p->pen[2 * i], count = p->pen[2 * i + 1];
     float l = logits[id];
-    // llama_sampler_penalties_apply, each operation rounded once (the host has no FMA here)
+    // sampling::penalized, each operation rounded on its own (the host builds it unfused)
     l = l <= 0.0f ? __fmul_rn(l, p->repeat) : __fdiv_rn(l, p->repeat);
     l = __fsub_rn(l, __fadd_rn(__fmul_rn(static_cast<float>(count), p->frequency), p->presence));
     logits[id] = l;

@@ -111,10 +111,10 @@ BenchRow bench_tg(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_
     s.truncate(depth);
     const int64_t n = rep < 0 ? 1 : n_gen;  // llama-bench warms tg up with one token
     int32_t tok = random_tokens(rng, 1, dec.n_vocab())[0];
-    const auto t0 = Clock::now();
     // Each step ends with the greedy token on the host, as a generating loop needs it (on a
     // device that runs the whole step, the argmax is taken there).
     Sampler greedy(SamplerParams{.temp = 0.0f}, static_cast<int>(dec.n_vocab()));
+    const auto t0 = Clock::now();
     for (int64_t i = 0; i < n; ++i) tok = dec.eval_next(s, tok, greedy);
     if (rep >= 0) r.samples_s.push_back(seconds_since(t0));
   }

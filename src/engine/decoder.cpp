@@ -70,7 +70,7 @@ void Decoder::check_tokens(const Session& s, const int32_t* tokens, int64_t n) c
 }
 
 int32_t Decoder::eval_next(Session& s, int32_t token, Sampler& sampler) {
-  if (token_graph_) {
+  if (token_graph_ && m_.hp.n_vocab <= kMaxPickVocab) {
     std::optional<DevicePick> dp = sampler.device_pick();
     if (dp && dp->top_k <= kMaxPickTopK && static_cast<int64_t>(dp->pen_ids.size()) <= kMaxPickPenalties) {
       check_tokens(s, &token, 1);

@@ -88,6 +88,7 @@ struct DeviceHooks {
 // (the host sampler's top-k order).
 inline constexpr int64_t kMaxPickPenalties = 4096;
 inline constexpr int kMaxPickTopK = 256;
+inline constexpr int64_t kMaxPickVocab = int64_t{1} << 20;  // the top-k merge's list count
 struct TokenPick {
   int top_k = 0;
   const int32_t* pen_ids = nullptr;

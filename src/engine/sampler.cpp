@@ -61,6 +61,11 @@ void min_p(std::vector<TokenLogit>& cands, float p) {
   cands = std::move(kept);
 }
 
+float penalized(float logit, int count, float repeat, float frequency, float presence) {
+  const float l = logit <= 0 ? logit * repeat : logit / repeat;
+  return l - (float(count) * frequency + presence);
+}
+
 size_t argmax(const std::vector<TokenLogit>& cands) {
   FRINK_ASSERT(!cands.empty());
   size_t best = 0;
@@ -138,9 +143,7 @@ void Sampler::apply_penalties(std::vector<TokenLogit>& cands) const {
   for (TokenLogit& c : cands) {
     const auto it = counts_.find(c.id);
     if (it == counts_.end()) continue;
-    const int count = it->second;
-    c.logit = c.logit <= 0 ? c.logit * p.repeat_penalty : c.logit / p.repeat_penalty;
-    c.logit -= float(count) * p.frequency_penalty + p.presence_penalty;
+    c.logit = sampling::penalized(c.logit, it->second, p.repeat_penalty, p.frequency_penalty, p.presence_penalty);
   }
 }
 

@@ -51,6 +51,11 @@ void top_p(std::vector<TokenLogit>& cands, float p);
 void min_p(std::vector<TokenLogit>& cands, float p);
 // Index into `cands` of the highest logit, first one on ties.
 size_t argmax(const std::vector<TokenLogit>& cands);
+// llama_sampler_penalties_apply for a token seen `count` times in the window: logit <= 0 ?
+// logit * repeat : logit / repeat, then minus (count * frequency + presence). Every operation
+// rounded on its own (sampler.cpp builds with -ffp-contract=off), so a device can match it bit
+// for bit (cuda/pick.cu) whatever the host compiler would fuse.
+float penalized(float logit, int count, float repeat, float frequency, float presence);
 
 }  // namespace sampling
 

@@ -283,8 +283,7 @@ TEST(SamplerDevicePick, TopKPlusSampleTopEqualsSample) {
     ASSERT_EQ(pick->top_k, 40);
     for (size_t i = 0; i < pick->pen_ids.size(); ++i) {
       float& v = l[static_cast<size_t>(pick->pen_ids[i])];
-      v = v <= 0 ? v * pick->repeat : v / pick->repeat;
-      v -= float(pick->pen_counts[i]) * pick->frequency + pick->presence;
+      v = sampling::penalized(v, pick->pen_counts[i], pick->repeat, pick->frequency, pick->presence);
     }
     std::vector<TokenLogit> top = cands_of(l);
     sampling::top_k(top, pick->top_k);

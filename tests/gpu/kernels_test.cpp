@@ -646,12 +646,15 @@ TEST(CudaKernels, MoeCombineMatchesHostOrder) {
 TEST(CudaKernels, PenaltiesAndTopKMatchTheHostSampler) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(53);
-  for (int64_t n : {100, 1024, 1025, 32000, 151936}) {
+  for (int64_t n : {100, 1024, 1025, 32000, 151936, 300000}) {  // 300000: more lists than merge threads
     for (int k : {1, 40, 99, 256}) {
       if (k >= n) continue;
       auto l = random_floats(rng, n, 2.0f);
       l[static_cast<size_t>(n / 2)] = l[static_cast<size_t>(n / 3)] = 7.5f;  // a tie near the top
-      l[static_cast<size_t>(n - 1)] = -INFINITY;
+      // A run of equal values wider than k, so the cut falls inside a tie (ids decide), and
+      // two -inf, one of which is in the top 99 of 100.
+      for (int64_t i = 10; i < std::min<int64_t>(n - 2, 10 + k + 5); ++i) l[static_cast<size_t>(i)] = 6.0f;
+      l[static_cast<size_t>(n - 1)] = l[static_cast<size_t>(n - 2)] = -INFINITY;
       cuda::PickDev pd{};
       pd.repeat = 1.3f;
       pd.frequency = 0.25f;
@@ -665,8 +668,7 @@ TEST(CudaKernels, PenaltiesAndTopKMatchTheHostSampler) {
         pd.pen[2 * pd.n_pen] = id;
         pd.pen[2 * pd.n_pen + 1] = 1 + i % 4;
         float& v = ref[static_cast<size_t>(id)];
-        v = v <= 0 ? v * pd.repeat : v / pd.repeat;
-        v -= float(1 + i % 4) * pd.frequency + pd.presence;
+        v = sampling::penalized(v, 1 + i % 4, pd.repeat, pd.frequency, pd.presence);  // the host's own
         ++pd.n_pen;
       }
       std::vector<TokenLogit> want;

@@ -203,12 +203,12 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   sp.frequency_penalty = 0.2f;
   sp.presence_penalty = 0.1f;
   sp.seed = 7;
-  const auto run = [&](bool graphs) {
+  const auto run = [&](bool graphs, const SamplerParams& params) {
     DecoderOptions o = opts(DeviceChoice::kCuda, 512);
     o.hooks.no_token_graph = !graphs;
     Decoder dec(*m, o);
     Session s(*m, 0);
-    Sampler sampler(sp, static_cast<int>(m->hp.n_vocab));
+    Sampler sampler(params, static_cast<int>(m->hp.n_vocab));
     const std::vector<int32_t> prompt = {1, 15, 27, 3, 99, 42, 7};
     for (int32_t t : prompt) sampler.accept(t);
     std::vector<float> logits;
@@ -220,11 +220,14 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
     }
     return std::make_pair(out, dec.whole_token_steps());
   };
-  const auto [picked, n_graph] = run(true);
-  const auto [host, n_layered] = run(false);
+  const auto [picked, n_graph] = run(true, sp);
+  const auto [host, n_layered] = run(false, sp);
   EXPECT_EQ(n_graph, 40);
   EXPECT_EQ(n_layered, 0);
   EXPECT_EQ(picked, host);
+  SamplerParams greedy = sp;  // greedy with penalties: penalties and the argmax on the device
+  greedy.temp = 0.0f;
+  EXPECT_EQ(run(true, greedy).first, run(false, greedy).first);
 }
 
 // Two sequences taking turns on one Decoder (a server's slots), each with its own mirrors and
