@@ -15,6 +15,7 @@
 #include "cuda/matmul.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/dequant.cuh"
@@ -168,10 +169,15 @@ __global__ void dequant_f16_kernel(const uint8_t* w, size_t row_bytes, int64_t n
   }
 }
 
-__global__ void to_f16_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, __half* out) {
+// x [n_tok][x_stride] -> 16-bit [n_tok][n_in] (__half or __nv_bfloat16), rounded to nearest.
+template <typename H>
+__global__ void to_16bit_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, H* out) {
   const int64_t n = n_in * n_tok;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = __float2half(x[(i / n_in) * x_stride + i % n_in]);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[(i / n_in) * x_stride + i % n_in];
+    if constexpr (std::is_same_v<H, __half>) out[i] = __float2half_rn(v);
+    else out[i] = __float2bfloat16_rn(v);
+  }
 }
 
 __global__ void bias_scale_kernel(Args a, int64_t n_tok) {
@@ -631,12 +637,35 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
   __half* xh = static_cast<__half*>(p.scratch);
   __half* wh = xh + x_elems;
   const int64_t tile_rows = std::max<int64_t>(1, static_cast<int64_t>((p.scratch_elems - x_elems) / p.n_in));
+  const float one = 1.0f, zero = 0.0f;
+  if constexpr (T == kF16 || T == kBF16) {
+    // 16-bit weights go to cuBLAS as they are: no dequantized copy to write and read back
+    // (the quantized types' tiles below), and bf16 keeps its exponent range (an f16 copy of
+    // a bf16 weight or activation could overflow). x in the weights' format.
+    using H = std::conditional_t<T == kF16, __half, __nv_bfloat16>;
+    H* xw = static_cast<H*>(p.scratch);
+    if (!x_ready) {  // else the group's previous product left x in this format at the scratch's start
+      to_16bit_kernel<H><<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
+                                                                                            p.n_tok, xw);
+      FRINK_CUDA_CHECK_LAUNCH();
+    }
+    const cudaDataType dt = T == kF16 ? CUDA_R_16F : CUDA_R_16BF;
+    blas_check(cublasGemmEx(p.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n_out), static_cast<int>(p.n_tok),
+                            static_cast<int>(p.n_in), &one, a.w, dt, static_cast<int>(p.row_bytes / sizeof(H)), xw, dt,
+                            static_cast<int>(p.n_in), &zero, p.y, CUDA_R_32F, static_cast<int>(p.y_stride),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               __FILE__, __LINE__);
+    if (p.bias || p.scale != 1.0f) {
+      bias_scale_kernel<<<grid_for(p.n_out * p.n_tok, 256), 256, 0, p.stream>>>(a, p.n_tok);
+      FRINK_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
   if (!x_ready) {  // else the group's previous product left x in f16 at the scratch's start
-    to_f16_kernel<<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
-                                                                                       p.n_tok, xh);
+    to_16bit_kernel<__half><<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride,
+                                                                                                p.n_in, p.n_tok, xh);
     FRINK_CUDA_CHECK_LAUNCH();
   }
-  const float one = 1.0f, zero = 0.0f;
   for (int64_t r0 = 0; r0 < p.n_out; r0 += tile_rows) {
     const int64_t nr = std::min(tile_rows, p.n_out - r0);
     const int64_t work = kIsPlain<T> ? nr * p.n_in : nr * (p.n_in / 32);
@@ -727,6 +756,7 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
 
 void launch_matmuls(const MatmulParams* ps, int n) {
   ActRound prev = kActNone;
+  bool prev_bf16_copy = false;
   for (int i = 0; i < n; ++i) {
     const MatmulParams& p = ps[i];
     const MatmulParams& p0 = ps[0];
@@ -738,9 +768,13 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                              p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream
                          ? cudaSuccess
                          : cudaErrorInvalidValue);
+    // Ready: the previous product prepared x the same way, and (cuBLAS path) left its 16-bit
+    // copy in the same format: bf16 for BF16 weights, f16 for all others.
     const ActRound kind = act_prep_for(p);
-    const bool x_ready = i > 0 && kind == prev;
+    const bool bf16_copy = p.type == kBF16;
+    const bool x_ready = i > 0 && kind == prev && bf16_copy == prev_bf16_copy;
     prev = kind;
+    prev_bf16_copy = bf16_copy;
 #define FRINK_CASE(T)                 \
   if (p.type == T) {                  \
     dispatch<T>(p, kind, x_ready);    \

@@ -1,7 +1,8 @@
 // Y = W X for a batch of activation rows, W in its GGUF block format on the device.
 // Decode-sized batches (n_tok <= kMatvecMaxTok) go to the matrix-vector kernels, which read
-// each weight once and dequantize inside the kernel; larger batches dequantize W in row
-// tiles to f16 and call cuBLAS (f16 operands, f32 accumulation).
+// each weight once and dequantize inside the kernel; larger batches call cuBLAS (f32
+// accumulation): F16 and BF16 weights as they are, with x in their format; other types
+// dequantized in row tiles to f16.
 #pragma once
 
 #include <cstddef>
