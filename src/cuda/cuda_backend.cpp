@@ -7,8 +7,9 @@
 // K/V copy-back: the K/V append kernel writes each layer's new rows into the mirror and into a
 // device staging buffer (dstage_); flush() copies what was staged to pinned host staging in
 // ONE copy (v1 made two per layer: 64 copy nodes in a token's graph), waits, appends the rows
-// to their host caches and marks the mirrors caught up. Host caches are behind only between a run_layer and that wait, and
-// nothing reads them in between (a host layer reads only its own cache).
+// to their host caches and marks the mirrors caught up. Host caches are behind only between
+// a run_layer and that wait, and nothing reads them in between (a host layer reads only its
+// own cache).
 //
 // The whole token (run_token): a decode step whose layers and head all run here is ONE
 // CUDA graph replay and one wait. The graph is the same enqueue code (enqueue_layer,

@@ -39,9 +39,9 @@ Refusal device_refusal(const Model& m, int64_t il) {
   if (il == m.hp.n_layer) return linear_ok(m.w.output) ? Refusal::kNone : Refusal::kQuantType;
   const LayerPlan& p = m.hp.layers[static_cast<size_t>(il)];
   const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
+  if (p.recurrent != RecurrentKind::kNone) return Refusal::kRecurrent;
   if (p.attn == AttnKind::kMla) return Refusal::kShape;  // latent attention: host only (src/cpu/mla_attention.h)
   if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
-  if (p.recurrent != RecurrentKind::kNone) return Refusal::kRecurrent;
   if (p.qk_norm_full) return Refusal::kShape;
   if (p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0 || p.head_dim_k > kAttnMaxHeadDim ||
       p.head_dim_v > kAttnMaxHeadDim)
