@@ -272,15 +272,14 @@ void append_part(ModelFile& out, GgufPart& part, const std::string& path,
   for (auto& t : part.tensors) {
     if (!seen.insert(t.name).second)
       fail("{}: tensor {} also appears in an earlier part", path, printable(t.name));
-    out.tensors_.push_back(std::move(t));
+    out.mutable_tensors().push_back(std::move(t));
   }
 }
 
 }  // namespace
 
 void open(const std::string& path, ModelFile& out) {
-  out.format_ = FileFormat::kGguf;
-  out.path_ = path;
+  out.set_source(FileFormat::kGguf, path);
   static const std::regex kSplitName(R"((.*)-(\d{5})-of-(\d{5})\.gguf)");
   std::smatch m;
   if (!std::regex_match(path, m, kSplitName)) {
@@ -288,11 +287,11 @@ void open(const std::string& path, ModelFile& out) {
     GgufPart part = parse(f->data(), f->size(), path);
     if (auto n = part.meta.try_int("split.count"); n && *n > 1)
       fail("{}: split.count is {} but the name does not follow NAME-00001-of-{:05d}.gguf", path, *n, *n);
-    out.gguf_version_ = part.version;
-    out.meta_ = std::move(part.meta);
+    out.set_gguf_version(part.version);
+    out.mutable_metadata() = std::move(part.meta);
     std::unordered_set<std::string> seen;
     append_part(out, part, path, seen);
-    out.files_.push_back(std::move(f));
+    out.keep_mapping(std::move(f));
     return;
   }
   const std::string prefix = m[1];
@@ -308,15 +307,15 @@ void open(const std::string& path, ModelFile& out) {
     GgufPart part = parse(f->data(), f->size(), part_path);
     check_split_keys(part, part_path, i - 1, n_parts);
     if (i == 1) {
-      out.gguf_version_ = part.version;
-      out.meta_ = std::move(part.meta);
+      out.set_gguf_version(part.version);
+      out.mutable_metadata() = std::move(part.meta);
     }
     append_part(out, part, part_path, seen);
-    out.files_.push_back(std::move(f));
+    out.keep_mapping(std::move(f));
   }
-  if (auto n = out.meta_.try_int("split.tensors.count"); n && *n != static_cast<int64_t>(out.tensors_.size()))
+  if (auto n = out.metadata().try_int("split.tensors.count"); n && *n != static_cast<int64_t>(out.tensors().size()))
     fail("{}: split.tensors.count is {} but the {} parts hold {} tensors", path, *n, n_parts,
-         out.tensors_.size());
+         out.tensors().size());
 }
 
 }  // namespace frink::gguf

@@ -58,14 +58,30 @@ class ModelFile {
   const std::string& hf_config_json() const { return hf_config_json_; }
   const std::string& hf_dir() const { return hf_dir_; }    // folder of a SafeTensors model
 
+  // The i-th mapped file (a split GGUF has one per part).
+  const MappedFile& mapped(size_t i) const { return *files_.at(i); }
+
   // Replaces the tensor list (the SafeTensors translation renames tensors and adds derived
   // ones); `owned` keeps alive the bytes of tensors that are not views into the mapping.
   void replace_tensors(std::vector<TensorView> tensors) { tensors_ = std::move(tensors); }
   std::vector<uint8_t>& own_bytes(size_t n) { return owned_.emplace_back(n); }
 
-  // Filled by the readers (src/format/gguf_reader.cpp, safetensors_reader.cpp) while building
-  // the file, and by tests that build a ModelFile by hand. Nothing changes them after open()
-  // except the SafeTensors translation above.
+  // Building, for the readers (src/format/gguf_reader.cpp, safetensors_reader.cpp) only:
+  // nothing changes a file after open() but the SafeTensors translation above.
+  void set_source(FileFormat format, std::string path) {
+    format_ = format;
+    path_ = std::move(path);
+  }
+  void set_gguf_version(uint32_t v) { gguf_version_ = v; }
+  void set_hf(std::string dir, std::string config_json) {
+    hf_dir_ = std::move(dir);
+    hf_config_json_ = std::move(config_json);
+  }
+  // Keeps a mapping alive as long as the tensor views into it.
+  void keep_mapping(std::unique_ptr<MappedFile> f) { files_.push_back(std::move(f)); }
+  std::vector<TensorView>& mutable_tensors() { return tensors_; }
+
+ private:
   FileFormat format_ = FileFormat::kGguf;
   std::string path_;
   Metadata meta_;

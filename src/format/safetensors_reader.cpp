@@ -85,20 +85,20 @@ Entry read_entry(const std::string& tensor, const Json& j, const std::string& na
 }
 
 void load_config(const fs::path& dir, ModelFile& out) {
-  out.hf_dir_ = dir.string();
   fs::path cfg = dir / "config.json";
   std::error_code ec;
-  if (fs::is_regular_file(cfg, ec)) out.hf_config_json_ = read_file(cfg);
+  out.set_hf(dir.string(), fs::is_regular_file(cfg, ec) ? read_file(cfg) : std::string());
 }
 
 void open_file(const std::string& path, ModelFile& out, std::unordered_set<std::string>& seen) {
   auto f = std::make_unique<MappedFile>(path);
-  size_t first = out.tensors_.size();
-  parse(f->data(), f->size(), path, out.tensors_);
-  for (size_t i = first; i < out.tensors_.size(); ++i)
-    if (!seen.insert(out.tensors_[i].name).second)
-      fail("{}: tensor {} also appears in another shard", path, printable(out.tensors_[i].name));
-  out.files_.push_back(std::move(f));
+  std::vector<TensorView>& tensors = out.mutable_tensors();
+  size_t first = tensors.size();
+  parse(f->data(), f->size(), path, tensors);
+  for (size_t i = first; i < tensors.size(); ++i)
+    if (!seen.insert(tensors[i].name).second)
+      fail("{}: tensor {} also appears in another shard", path, printable(tensors[i].name));
+  out.keep_mapping(std::move(f));
 }
 
 void open_index(const std::string& index_path, ModelFile& out) {
@@ -160,8 +160,7 @@ void parse(const uint8_t* data, size_t n_bytes, const std::string& name, std::ve
 }
 
 void open(const std::string& path, ModelFile& out) {
-  out.format_ = FileFormat::kSafeTensors;
-  out.path_ = path;
+  out.set_source(FileFormat::kSafeTensors, path);
   load_config(fs::path(path).parent_path(), out);
   if (path.size() >= 11 && path.substr(path.size() - 11) == ".index.json") {
     open_index(path, out);
@@ -181,7 +180,7 @@ void open_folder(const std::string& dir, ModelFile& out) {
   } else {
     fail("{}: folder has neither model.safetensors nor model.safetensors.index.json", dir);
   }
-  out.path_ = dir;
+  out.set_source(FileFormat::kSafeTensors, dir);
 }
 
 }  // namespace frink::safetensors

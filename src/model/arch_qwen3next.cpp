@@ -178,7 +178,7 @@ void load_delta_net_hybrid(const Hparams& hp, WeightLoader& ld, Weights& w, bool
 // adds the q/k/v biases a file may carry. (Checked against llama.cpp's logits: each wrong
 // choice moves them by 1e-9 or more.)
 void load_qwen3next(const Hparams& hp, WeightLoader& ld, Weights& w) {
-  load_delta_net_hybrid(hp, ld, w, true, {.wo = {false, true}});
+  load_delta_net_hybrid(hp, ld, w, true, {.qkv = {}, .wo = {false, true}, .ssm = {}, .ffn = {}});
 }
 void load_qwen35(const Hparams& hp, WeightLoader& ld, Weights& w) {
   const Extras scale{false, true};

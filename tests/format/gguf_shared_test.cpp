@@ -28,8 +28,8 @@ TEST(GgufShared, EveryFileOpens) {
     EXPECT_TRUE(mf->metadata().has("general.architecture"));
     EXPECT_EQ(mf->file_bytes(), fs::file_size(e.path()));
     for (const auto& t : mf->tensors()) {
-      EXPECT_GE(t.data, mf->files_[0]->data());
-      EXPECT_LE(t.data + t.n_bytes, mf->files_[0]->data() + mf->files_[0]->size());
+      EXPECT_GE(t.data, mf->mapped(0).data());
+      EXPECT_LE(t.data + t.n_bytes, mf->mapped(0).data() + mf->mapped(0).size());
       EXPECT_EQ(t.n_bytes, t.row_bytes() * static_cast<size_t>(t.n_rows()));
     }
     ++n_files;

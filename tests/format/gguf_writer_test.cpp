@@ -72,8 +72,9 @@ TEST(GgufWriter, RoundTripEveryTypeAndAlignment) {
       ASSERT_TRUE(mf->metadata().has(k));
       EXPECT_TRUE(mf->metadata().get(k) == v);
     }
-    if (alignment != 32)
+    if (alignment != 32) {
       EXPECT_EQ(mf->metadata().get("general.alignment").type(), GgufType::UINT32);
+    }
     EXPECT_EQ(mf->metadata().get("t.u64").as_uint64(), 18000000000000000000ull);
     EXPECT_THROW(mf->metadata().get("t.u64").as_int(), Error);
     EXPECT_EQ(mf->metadata().get("t.nested2").as_array()[1].as_array()[0].as_ints(),
@@ -90,7 +91,7 @@ TEST(GgufWriter, RoundTripEveryTypeAndAlignment) {
     EXPECT_EQ(e->n_elements(), 24);
     EXPECT_EQ(e->data[23], 24);
     for (const auto& t : mf->tensors())
-      EXPECT_EQ((t.data - mf->files_[0]->data()) % alignment, 0u) << t.name;
+      EXPECT_EQ((t.data - mf->mapped(0).data()) % alignment, 0u) << t.name;
     // The in-memory reader agrees with the file reader.
     auto mem = ModelFile::from_gguf_bytes(bytes.data(), bytes.size(), "mem");
     EXPECT_EQ(mem->tensors().size(), 5u);
