@@ -1,5 +1,6 @@
 #include "cli/model_options.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -12,7 +13,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("-m,--model", o.model,
                  "model file (.gguf) or SafeTensors folder (default: $FRINK_MODEL, else the shipped models/frink-demo.gguf)");
   cmd.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
-  cmd.add_option("-c,--ctx-size", o.ctx, "context size in tokens (default: the model's)");
+  cmd.add_option("-c,--ctx-size", o.ctx, "context size in tokens (default: 4096 or the model's if smaller; 0: the model's)");
   cmd.add_option("-b,--batch-size", o.batch, "prompt tokens per batch")->check(CLI::PositiveNumber);
   add_device_option(cmd, o.device);
   cmd.add_flag("-v,--verbose", o.verbose, "log more to stderr");
@@ -73,8 +74,12 @@ DecoderOptions decoder_options(const ModelOptions& o) {
   return d;
 }
 
+// llama.cpp's default of 4096 (capped by the model's own): the KV cache, and on a GPU its
+// mirror, are sized for the whole context up front, so a 128k default would reserve tens of
+// GB for a short run.
 int64_t context_size(const ModelOptions& o, const Model& m) {
-  if (o.ctx < 0) fail("-c must not be negative");
+  if (o.ctx < -1) fail("-c must not be negative");
+  if (o.ctx == -1) return m.hp.n_ctx_train > 0 ? std::min<int64_t>(4096, m.hp.n_ctx_train) : 4096;
   return o.ctx > 0 ? o.ctx : m.hp.n_ctx_train;
 }
 

@@ -17,7 +17,7 @@ namespace frink::cli {
 struct ModelOptions {
   std::string model;          // -m; empty: the model shipped with frink (models/)
   int threads = 0;            // -t; 0: all cores
-  int64_t ctx = 0;            // -c; 0: the model's training context
+  int64_t ctx = -1;           // -c; -1: 4096 or the model's, if smaller; 0: the model's
   int64_t batch = 512;        // -b
   std::string device = "auto";
   bool verbose = false;

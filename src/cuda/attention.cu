@@ -311,6 +311,10 @@ void launch_kv_append(const float* k, const float* v, int64_t k_width, int64_t v
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
+bool attn_uses_split_k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
+  return n_tok < kAttnPrefillMinTok || head_dim_k > kTileMaxDim || head_dim_v > kTileMaxDim;
+}
+
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v) {
   return static_cast<size_t>(n_tok * n_head * n_split_for(max_keys) * (2 + head_dim_v));
 }
@@ -321,7 +325,7 @@ void launch_attention(const AttnParams& p) {
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   const bool tiled = p.head_dim_k <= kTileMaxDim && p.head_dim_v <= kTileMaxDim;
-  if (p.n_tok >= kAttnPrefillMinTok && tiled) {
+  if (!attn_uses_split_k(p.n_tok, p.head_dim_k, p.head_dim_v)) {
     attn_prefill_kernel<<<dim3(static_cast<unsigned>((p.n_tok + kTileWarps - 1) / kTileWarps),
                                static_cast<unsigned>(p.n_head)),
                           kTileWarps * 32, 0, p.stream>>>(p);

@@ -45,6 +45,9 @@ struct AttnParams {
   cudaStream_t stream = nullptr;
 };
 
+// Whether launch_attention takes the split-K kernels (which need the partial scratch) for
+// this batch and head shape, rather than the tiled prefill kernel.
+bool attn_uses_split_k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 // Scratch floats the split-K partials need for a grid sized by max_keys.
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v);
 void launch_attention(const AttnParams& p);

@@ -64,6 +64,7 @@ struct DevBuf {
     if (n <= bytes) return;
     FRINK_CUDA_CHECK(cudaFree(p));
     p = nullptr;
+    bytes = 0;  // if the allocation below fails, the buffer says it holds nothing
     FRINK_CUDA_CHECK(cudaMalloc(&p, n));
     bytes = n;
   }
@@ -347,7 +348,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     o_w = std::max(o_w, p.n_head * p.head_dim_v);
     ff = std::max(ff, 2 * p.n_ff);
     max_in = std::max({max_in, o_w, p.n_ff, p.ffn == FfnKind::kMoe ? p.moe.n_ff_shexp : int64_t{0}});
-    part = std::max(part, static_cast<int64_t>(attn_partial_floats(n_tok, pos0 + n_tok, p.n_head, p.head_dim_v)));
+    if (attn_uses_split_k(n_tok, p.head_dim_k, p.head_dim_v))  // the tiled prefill kernel needs none
+      part = std::max(part, static_cast<int64_t>(attn_partial_floats(n_tok, pos0 + n_tok, p.n_head, p.head_dim_v)));
   }
   const auto fl = [n_tok](int64_t w) { return static_cast<size_t>(n_tok * w) * sizeof(float); };
   x_.ensure(fl(hp.n_embd));
@@ -384,6 +386,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   if (need > staging_floats_) {
     FRINK_CUDA_CHECK(cudaFreeHost(staging_));
     staging_ = nullptr;
+    staging_floats_ = 0;  // as DevBuf::ensure: a failed allocation leaves no stale size
     FRINK_CUDA_CHECK(cudaMallocHost(&staging_, need * sizeof(float)));
     staging_floats_ = need;
   }
@@ -507,7 +510,9 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
 
 KvMirror& CudaBackend::ready_mirror(KvCache& cache, const LayerPlan& p, int64_t n_new) {
   MirrorSlot& slot = mirrors_[&cache];
-  if (!slot.mirror) slot.mirror = std::make_unique<KvMirror>(p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v);
+  // A new cache can live where an ended sequence's did, even for a layer of another shape.
+  if (!slot.mirror || slot.mirror->k_width() != cache.k_width() || slot.mirror->v_width() != cache.v_width())
+    slot.mirror = std::make_unique<KvMirror>(cache.k_width(), cache.v_width());
   slot.last_use = batch_tick_;
   if (const size_t grow = slot.mirror->growth_bytes(cache, n_new); grow > 0) {
     // prepare() frees the old buffers before it allocates, so the growth must fit in what is
@@ -847,7 +852,8 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
     }
   } catch (...) {
     // The booked rows never reached the host: forget them, so the error is this step's
-    // alone and the next batch starts clean (and the mirrors, not caught up, re-upload).
+    // alone and the next batch starts clean (the mirrors' rows past their seq_len are
+    // overwritten by the next step).
     cudaStreamSynchronize(stream_);  // no queued copy may still read the pinned buffers
     pending_.clear();
     staging_used_ = staging_landed_ = 0;

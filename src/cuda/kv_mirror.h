@@ -48,6 +48,8 @@ class KvMirror {
   float* k_rows(int64_t row) { return k_ + row * k_width_; }
   float* v_rows(int64_t row) { return v_ + row * v_width_; }
   int64_t seq_len() const { return seq_len_; }
+  int64_t k_width() const { return k_width_; }
+  int64_t v_width() const { return v_width_; }
   int64_t capacity() const { return capacity_; }
   int64_t n_uploads() const { return n_uploads_; }  // full re-uploads so far (tests)
 

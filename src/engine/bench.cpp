@@ -80,6 +80,20 @@ void fill_depth(Decoder& dec, Session& s, std::mt19937_64& rng, int64_t depth, i
   }
 }
 
+// Back to `depth` rows before a timed run. A truncation moves the caches back, and a device
+// mirror then re-uploads its whole history at its next use (DESIGN.md section 3): llama-bench
+// refills the depth untimed before each run, so that upload belongs to the untimed part here
+// too. The last depth position is evaluated again (with a fresh random token), untimed.
+void rewind_untimed(Decoder& dec, Session& s, int64_t depth, std::mt19937_64& rng) {
+  if (depth == 0) {
+    s.truncate(0);
+    return;
+  }
+  std::vector<float> logits;
+  s.truncate(depth - 1);
+  dec.eval(s, random_tokens(rng, 1, dec.n_vocab()), false, logits);
+}
+
 BenchRow bench_pp(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_prompt, int64_t depth,
                   std::mt19937_64& rng) {
   BenchRow r;
@@ -90,7 +104,7 @@ BenchRow bench_pp(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_
   fill_depth(dec, s, rng, depth, p.n_batch);
   std::vector<float> logits;
   for (int rep = -1; rep < p.reps; ++rep) {  // rep -1: warm-up
-    s.truncate(depth);
+    rewind_untimed(dec, s, depth, rng);
     const auto tokens = random_tokens(rng, n_prompt, dec.n_vocab());
     const auto t0 = Clock::now();
     dec.eval(s, tokens, false, logits);
@@ -108,7 +122,7 @@ BenchRow bench_tg(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_
   Session s(m, depth + n_gen);
   fill_depth(dec, s, rng, depth, p.n_batch);
   for (int rep = -1; rep < p.reps; ++rep) {
-    s.truncate(depth);
+    rewind_untimed(dec, s, depth, rng);
     const int64_t n = rep < 0 ? 1 : n_gen;  // llama-bench warms tg up with one token
     int32_t tok = random_tokens(rng, 1, dec.n_vocab())[0];
     // Each step ends with the greedy token on the host, as a generating loop needs it (on a

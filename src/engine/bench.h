@@ -5,7 +5,8 @@
 //
 // Method: per (test, depth), the session is filled with `depth` random tokens (not timed),
 // one warm-up run follows, then `reps` timed runs; before each run the session is truncated
-// back to `depth`, which restores exactly the filled cache. A rate is tokens / wall seconds
+// back to `depth` and its last position evaluated again, untimed (so a device mirror's
+// re-upload after the truncation is not timed, as llama-bench refills the depth untimed). A rate is tokens / wall seconds
 // of the whole run (every eval, sampling included), reported as mean and sample stddev over
 // the runs. Weight bytes per token count every tensor a decode step reads (all layer
 // weights and the output matrix, one row of token_embd; of a mixture of experts' stacked
