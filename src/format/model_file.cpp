@@ -90,7 +90,7 @@ std::unique_ptr<ModelFile> ModelFile::from_safetensors_bytes(const uint8_t* data
   auto mf = std::make_unique<ModelFile>();
   mf->format_ = FileFormat::kSafeTensors;
   mf->path_ = name;
-  safetensors::parse(data, n_bytes, name, mf->tensors_);
+  safetensors::parse(data, n_bytes, name, mf->tensors_, mf->meta_);
   return mf;
 }
 

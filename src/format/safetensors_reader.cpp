@@ -94,7 +94,7 @@ void open_file(const std::string& path, ModelFile& out, std::unordered_set<std::
   auto f = std::make_unique<MappedFile>(path);
   std::vector<TensorView>& tensors = out.mutable_tensors();
   size_t first = tensors.size();
-  parse(f->data(), f->size(), path, tensors);
+  parse(f->data(), f->size(), path, tensors, out.mutable_metadata());
   for (size_t i = first; i < tensors.size(); ++i)
     if (!seen.insert(tensors[i].name).second)
       fail("{}: tensor {} also appears in another shard", path, printable(tensors[i].name));
@@ -126,7 +126,8 @@ void open_index(const std::string& index_path, ModelFile& out) {
 
 }  // namespace
 
-void parse(const uint8_t* data, size_t n_bytes, const std::string& name, std::vector<TensorView>& out) {
+void parse(const uint8_t* data, size_t n_bytes, const std::string& name, std::vector<TensorView>& out,
+           Metadata& meta) {
   if (n_bytes < 8) fail("{}: too short for a SafeTensors header ({} bytes)", name, n_bytes);
   uint64_t header_bytes;
   std::memcpy(&header_bytes, data, 8);
@@ -141,7 +142,14 @@ void parse(const uint8_t* data, size_t n_bytes, const std::string& name, std::ve
   const size_t data_bytes = n_bytes - data_begin;
   std::vector<Entry> entries;
   for (auto& [key, value] : header.items()) {
-    if (key == "__metadata__") continue;
+    if (key == "__metadata__") {
+      if (!value.is_object()) fail("{}: __metadata__ is not a JSON object", name);
+      for (auto& [k, v] : value.items()) {
+        if (!v.is_string()) fail("{}: __metadata__ value of {} is not a string", name, printable(k));
+        meta.set("safetensors." + k, MetaValue::of_string(v.get<std::string>()));
+      }
+      continue;
+    }
     entries.push_back(read_entry(key, value, name));
     Entry& e = entries.back();
     if (e.end > data_bytes)

@@ -12,8 +12,11 @@
 
 namespace frink::safetensors {
 
-// Parses one image [data, data + n_bytes), appending its tensors (header order) to `out`.
-void parse(const uint8_t* data, size_t n_bytes, const std::string& name, std::vector<TensorView>& out);
+// Parses one image [data, data + n_bytes), appending its tensors (header order) to `out`
+// and its "__metadata__" strings to `meta` as "safetensors.KEY" (the format's free-form
+// text-to-text map: anything but strings there is a malformed file).
+void parse(const uint8_t* data, size_t n_bytes, const std::string& name, std::vector<TensorView>& out,
+           Metadata& meta);
 
 // A .safetensors file or a model.safetensors.index.json; config.json beside it is kept.
 void open(const std::string& path, ModelFile& out);

@@ -57,6 +57,8 @@ TEST(SafeTensors, SingleFileReadBack) {
     EXPECT_EQ(h->type, GgmlType::F16);
     EXPECT_EQ(h->ne, (std::vector<int64_t>{2, 1, 2}));
     EXPECT_EQ(h->n_bytes, 8u);
+    ASSERT_TRUE(mf->metadata().has("safetensors.format"));  // the header's __metadata__
+    EXPECT_EQ(mf->metadata().get("safetensors.format").as_string(), "pt");
   }
 }
 
@@ -107,6 +109,8 @@ TEST(SafeTensors, BadInput) {
   expect_error(st_file(R"({"a":)", 0), "broken JSON");
   expect_error(st_file("[1,2]", 0), "not a JSON object");
   expect_error({1, 2, 3}, "too short");
+  expect_error(st_file(R"({"__metadata__":[1]})", 0), "__metadata__ is not a JSON object");
+  expect_error(st_file(R"({"__metadata__":{"step":3}})", 0), "is not a string");
   test::Bytes past;
   past.u64(1000).raw("{}");
   expect_error(past.b, "runs past the end");
