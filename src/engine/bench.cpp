@@ -90,8 +90,11 @@ void rewind_untimed(Decoder& dec, Session& s, int64_t depth, std::mt19937_64& rn
     return;
   }
   std::vector<float> logits;
-  s.truncate(depth - 1);
-  dec.eval(s, random_tokens(rng, 1, dec.n_vocab()), false, logits);
+  // A hybrid's recurrent state goes back to its nearest snapshot at or before depth - 1:
+  // everything from there to depth is evaluated again.
+  const int64_t keep = s.truncate(depth - 1);
+  dec.eval(s, random_tokens(rng, depth - keep, dec.n_vocab()), false, logits);
+  FRINK_ASSERT(s.n_past() == depth, "bench rewound to {} instead of depth {}", s.n_past(), depth);
 }
 
 BenchRow bench_pp(const Model& m, Decoder& dec, const BenchParams& p, int64_t n_prompt, int64_t depth,

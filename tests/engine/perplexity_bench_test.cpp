@@ -145,5 +145,20 @@ TEST(Bench, RowsLikeLlamaBench) {
   EXPECT_EQ(bench_json(info, rows).size(), 4u);
 }
 
+// A hybrid model at depth: a recurrent state rewinds only to a snapshot, so each repetition's
+// rewind re-evaluates from there (bench asserts it lands exactly at the depth).
+TEST(Bench, HybridModelRewindsToTheDepth) {
+  const auto m = load_model((std::filesystem::path(FRINK_SOURCE_DIR) / "tests" / "fixtures" / "hf" / "qwen3_next").string());
+  BenchParams p;
+  p.n_prompt = {6};
+  p.n_gen = {3};
+  p.depths = {13};
+  p.reps = 2;
+  p.n_batch = 5;  // depth 13 fills in batches of 5: snapshots at 5, 10, 13, none at 12
+  const auto rows = run_bench(*m, p);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].test, "tg3 @ d13");
+}
+
 }  // namespace
 }  // namespace frink
