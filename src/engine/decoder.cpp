@@ -121,21 +121,20 @@ void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* lo
   const bool count = opts_.device != DeviceChoice::kCpu;
   std::vector<float> x(static_cast<size_t>(n * hp.n_embd));
   cpu::embed_tokens(m_, tokens, n, x.data());
+  // The sequence's attention caches, as the device sees them (every layer's when the whole
+  // token runs there: token_graph_ implies no recurrent layer).
+  std::vector<KvCache*> caches;
+  if (device_)
+    for (int64_t il = 0; il < hp.n_layer; ++il)
+      if (hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone) caches.push_back(&s.cache(il));
   if (token_graph_ && n == 1 && (logits_out || pick)) {
     for (int64_t il = 0; il <= hp.n_layer; ++il) refusals_.add(Refusal::kNone);
-    std::vector<KvCache*> caches;
-    for (int64_t il = 0; il < hp.n_layer; ++il) caches.push_back(&s.cache(il));
     device_->run_token(pos0, x.data(), caches, logits_out, pick);
     ++whole_token_steps_;
     s.commit(tokens, n);
     return;
   }
-  if (device_) {
-    std::vector<KvCache*> caches;
-    for (int64_t il = 0; il < hp.n_layer; ++il)
-      if (hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone) caches.push_back(&s.cache(il));
-    device_->begin_batch(n, pos0, caches);
-  }
+  if (device_) device_->begin_batch(n, pos0, caches);
   bool x_on_device = false;  // where the current residual lives
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     if (hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone) {  // host only, for now
