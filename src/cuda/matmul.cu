@@ -304,14 +304,19 @@ int grid_for(int64_t n, int threads) {
   return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 4));
 }
 
-template <int T>
-void matvec_launch(const MatmulParams& p, const Args& a0) {
-  const dim3 grid(static_cast<unsigned>((p.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  if (p.slot_expert) {  // a grid row per slot, each one activation row
-    for_slot_chunks(p, a0, grid.x, [&](const Args& a, dim3 g) {
-      matvec_kernel<T, 1><<<g, kWarpsPerBlock * 32, 0, p.stream>>>(a);
-      FRINK_CUDA_CHECK_LAUNCH();
-    });
+// The launches of a matrix-vector product, for every kernel family: f(args, grid, t0, four)
+// launches once with activation row t0 and four (NT 4) or one (NT 1) token rows. Decode
+// batches go four tokens at a time, then one; expert mode (one activation row per slot) in
+// chunks of slots that grid y can hold, NT 1.
+template <typename F>
+void launch_rows(const MatmulParams& p, const Args& a0, unsigned grid_x, F f) {
+  if (p.slot_expert) {
+    constexpr int64_t kMaxY = 65535;
+    for (int64_t s0 = 0; s0 < p.n_slots; s0 += kMaxY) {
+      Args a = a0;
+      a.slot0 = s0;
+      f(a, dim3(grid_x, static_cast<unsigned>(std::min(kMaxY, p.n_slots - s0))), int64_t{0}, false);
+    }
     return;
   }
   for (int64_t t0 = 0; t0 < p.n_tok;) {
@@ -319,16 +324,20 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
     a.x = p.x + t0 * p.x_stride;
     a.y = p.y + t0 * p.y_stride;
     a.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
-    const int64_t left = p.n_tok - t0;
-    if (left >= 4) {
-      matvec_kernel<T, 4><<<grid, kWarpsPerBlock * 32, 0, p.stream>>>(a);
-      t0 += 4;
-    } else {
-      matvec_kernel<T, 1><<<grid, kWarpsPerBlock * 32, 0, p.stream>>>(a);
-      t0 += 1;
-    }
-    FRINK_CUDA_CHECK_LAUNCH();
+    const bool four = p.n_tok - t0 >= 4;
+    f(a, dim3(grid_x), t0, four);
+    t0 += four ? 4 : 1;
   }
+}
+
+template <int T>
+void matvec_launch(const MatmulParams& p, const Args& a0) {
+  const auto grid_x = static_cast<unsigned>((p.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  launch_rows(p, a0, grid_x, [&](const Args& a, dim3 g, int64_t, bool four) {
+    if (four) matvec_kernel<T, 4><<<g, kWarpsPerBlock * 32, 0, p.stream>>>(a);
+    else matvec_kernel<T, 1><<<g, kWarpsPerBlock * 32, 0, p.stream>>>(a);
+    FRINK_CUDA_CHECK_LAUNCH();
+  });
 }
 
 // dp4a path (Q4_0, Q8_0; used when act_round is given): x is quantized once per matmul to
@@ -420,29 +429,13 @@ void matvec_q8_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
                                                                                        p.n_tok, xq, xd);
     FRINK_CUDA_CHECK_LAUNCH();
   }
-  const dim3 grid(static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps));
   const int64_t n_blk = p.n_in / 32;
-  if (p.slot_expert) {
-    for_slot_chunks(p, a0, grid.x, [&](const Args& a, dim3 g) {
-      matvec_q8_kernel<T, 1><<<g, kQWarps * 32, 0, p.stream>>>(a, xq, xd);
-      FRINK_CUDA_CHECK_LAUNCH();
-    });
-    return;
-  }
-  for (int64_t t0 = 0; t0 < p.n_tok;) {
-    Args a = a0;
-    a.y = p.y + t0 * p.y_stride;
-    a.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
-    const int64_t left = p.n_tok - t0;
-    if (left >= 4) {
-      matvec_q8_kernel<T, 4><<<grid, kQWarps * 32, 0, p.stream>>>(a, xq + t0 * p.n_in, xd + t0 * n_blk);
-      t0 += 4;
-    } else {
-      matvec_q8_kernel<T, 1><<<grid, kQWarps * 32, 0, p.stream>>>(a, xq + t0 * p.n_in, xd + t0 * n_blk);
-      t0 += 1;
-    }
-    FRINK_CUDA_CHECK_LAUNCH();
-  }
+  launch_rows(p, a0, static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps),
+              [&](const Args& a, dim3 g, int64_t t0, bool four) {
+                if (four) matvec_q8_kernel<T, 4><<<g, kQWarps * 32, 0, p.stream>>>(a, xq + t0 * p.n_in, xd + t0 * n_blk);
+                else matvec_q8_kernel<T, 1><<<g, kQWarps * 32, 0, p.stream>>>(a, xq + t0 * p.n_in, xd + t0 * n_blk);
+                FRINK_CUDA_CHECK_LAUNCH();
+              });
 }
 
 // dp4a path for Q4_K and Q6_K (the types of a Q4_K_M file), used when act_round is given: x is
@@ -598,31 +591,18 @@ void matvec_q8k_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
                                                                                         p.n_tok, x);
     FRINK_CUDA_CHECK_LAUNCH();
   }
-  const dim3 grid(static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps));
-  if (p.slot_expert) {
-    for_slot_chunks(p, a0, grid.x, [&](const Args& a, dim3 g) {
-      if constexpr (T == kQ4_K) matvec_q4k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a, x);
-      else matvec_q6k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a, x);
-      FRINK_CUDA_CHECK_LAUNCH();
-    });
-    return;
-  }
-  for (int64_t t0 = 0; t0 < p.n_tok;) {
-    Args a = a0;
-    a.y = p.y + t0 * p.y_stride;
-    a.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
-    const Q8KAct xt = x.at_row(t0, p.n_in);
-    const int64_t step = p.n_tok - t0 >= 4 ? 4 : 1;
-    if constexpr (T == kQ4_K) {
-      if (step == 4) matvec_q4k_kernel<4><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
-      else matvec_q4k_kernel<1><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
-    } else {
-      if (step == 4) matvec_q6k_kernel<4><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
-      else matvec_q6k_kernel<1><<<grid, kQWarps * 32, 0, p.stream>>>(a, xt);
-    }
-    FRINK_CUDA_CHECK_LAUNCH();
-    t0 += step;
-  }
+  launch_rows(p, a0, static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps),
+              [&](const Args& a, dim3 g, int64_t t0, bool four) {
+                const Q8KAct xt = x.at_row(t0, p.n_in);
+                if constexpr (T == kQ4_K) {
+                  if (four) matvec_q4k_kernel<4><<<g, kQWarps * 32, 0, p.stream>>>(a, xt);
+                  else matvec_q4k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a, xt);
+                } else {
+                  if (four) matvec_q6k_kernel<4><<<g, kQWarps * 32, 0, p.stream>>>(a, xt);
+                  else matvec_q6k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a, xt);
+                }
+                FRINK_CUDA_CHECK_LAUNCH();
+              });
 }
 
 void blas_check(cublasStatus_t st, const char* file, int line) {
@@ -655,29 +635,25 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
                             static_cast<int>(p.n_in), &zero, p.y, CUDA_R_32F, static_cast<int>(p.y_stride),
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                __FILE__, __LINE__);
-    if (p.bias || p.scale != 1.0f) {
-      bias_scale_kernel<<<grid_for(p.n_out * p.n_tok, 256), 256, 0, p.stream>>>(a, p.n_tok);
+  } else {
+    if (!x_ready) {  // else the group's previous product left x in f16 at the scratch's start
+      to_16bit_kernel<__half><<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride,
+                                                                                                  p.n_in, p.n_tok, xh);
       FRINK_CUDA_CHECK_LAUNCH();
     }
-    return;
-  }
-  if (!x_ready) {  // else the group's previous product left x in f16 at the scratch's start
-    to_16bit_kernel<__half><<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride,
-                                                                                                p.n_in, p.n_tok, xh);
-    FRINK_CUDA_CHECK_LAUNCH();
-  }
-  for (int64_t r0 = 0; r0 < p.n_out; r0 += tile_rows) {
-    const int64_t nr = std::min(tile_rows, p.n_out - r0);
-    const int64_t work = kIsPlain<T> ? nr * p.n_in : nr * (p.n_in / 32);
-    dequant_f16_kernel<T><<<grid_for(work, 256), 256, 0, p.stream>>>(a.w, p.row_bytes, p.n_in, r0, nr, wh);
-    FRINK_CUDA_CHECK_LAUNCH();
-    // Column-major view: W rows are columns of a [n_in x nr] matrix; C = W^T X is [nr x n_tok]
-    // with leading dimension y_stride, i.e. Y[t][r0 + r].
-    blas_check(cublasGemmEx(p.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr), static_cast<int>(p.n_tok),
-                            static_cast<int>(p.n_in), &one, wh, CUDA_R_16F, static_cast<int>(p.n_in), xh, CUDA_R_16F,
-                            static_cast<int>(p.n_in), &zero, p.y + r0, CUDA_R_32F, static_cast<int>(p.y_stride),
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               __FILE__, __LINE__);
+    for (int64_t r0 = 0; r0 < p.n_out; r0 += tile_rows) {
+      const int64_t nr = std::min(tile_rows, p.n_out - r0);
+      const int64_t work = kIsPlain<T> ? nr * p.n_in : nr * (p.n_in / 32);
+      dequant_f16_kernel<T><<<grid_for(work, 256), 256, 0, p.stream>>>(a.w, p.row_bytes, p.n_in, r0, nr, wh);
+      FRINK_CUDA_CHECK_LAUNCH();
+      // Column-major view: W rows are columns of a [n_in x nr] matrix; C = W^T X is [nr x n_tok]
+      // with leading dimension y_stride, i.e. Y[t][r0 + r].
+      blas_check(cublasGemmEx(p.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr), static_cast<int>(p.n_tok),
+                              static_cast<int>(p.n_in), &one, wh, CUDA_R_16F, static_cast<int>(p.n_in), xh, CUDA_R_16F,
+                              static_cast<int>(p.n_in), &zero, p.y + r0, CUDA_R_32F, static_cast<int>(p.y_stride),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 __FILE__, __LINE__);
+    }
   }
   if (p.bias || p.scale != 1.0f) {
     bias_scale_kernel<<<grid_for(p.n_out * p.n_tok, 256), 256, 0, p.stream>>>(a, p.n_tok);
@@ -685,23 +661,12 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
   }
 }
 
-// What x becomes before the kernels read it: the key under which a group of products on one
-// input (launch_matmuls) prepares it once.
 // The matrix-vector kernels serve decode batches and every expert product (one activation
 // row per slot); other batches go to cuBLAS.
 bool takes_matvec(const MatmulParams& p) { return p.slot_expert || p.matvec_only || p.n_tok <= kMatvecMaxTok; }
 
-// Expert mode launches: slots in chunks grid y can hold, each chunk one launch of f(args, grid).
-template <typename F>
-void for_slot_chunks(const MatmulParams& p, const Args& a0, unsigned grid_x, F f) {
-  constexpr int64_t kMaxY = 65535;
-  for (int64_t s0 = 0; s0 < p.n_slots; s0 += kMaxY) {
-    Args a = a0;
-    a.slot0 = s0;
-    f(a, dim3(grid_x, static_cast<unsigned>(std::min(kMaxY, p.n_slots - s0))));
-  }
-}
-
+// What x becomes before the kernels read it: the key under which a group of products on one
+// input (launch_matmuls) prepares it once.
 ActRound act_prep_for(const MatmulParams& p) {
   if (!p.act_round) return kActNone;
   if ((p.type == kQ4_0 || p.type == kQ8_0) && takes_matvec(p) && p.n_in % 32 == 0) return kActDp4a;
