@@ -8,11 +8,12 @@
 #   cmake -S . -B build-cuda -DFRINK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
 #   cmake --build build-cuda -j2 --target frink test_gpu
 #   tools/gpu_stage.sh          # copies binaries, their .so files and the fixtures
-# then run with carry [".fixtures/gpu"] (under 64 MiB):
+# then run with carry [".fixtures/carry"] (the packed stage):
 #   TYPES="Q4_0 Q8_0" DEPTHS=0,4096,16384 PROFILE=1 bash tools/gpu_run.sh
 # Without carried binaries it builds here (-j16, sm_90) first.
 set -o pipefail
 G=$PWD/.fixtures/gpu
+[ -f .fixtures/carry/gpu.tar.xz ] && mkdir -p "$G" && xz -dc .fixtures/carry/gpu.tar.xz | tar -C "$G" -xf -
 export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 export FRINK_GPU_TESTDATA=$G/testdata FRINK_HF_FIXTURES=$PWD/tests/fixtures/hf
 OUT=${OUT:-/tmp/out}

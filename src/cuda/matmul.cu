@@ -12,10 +12,17 @@
 //   (626 GB/s), pp512 3598; Q8_0 tg128 132.4 tok/s (1056 GB/s), pp512 3629 (pp512 goes through
 //   cuBLAS, unchanged). Still ~15-25% of 4.3 TB/s: the rest of the token is elsewhere
 //   (other kernels, launches); not yet profiled. Other types still take v1.
+// v2 measured again (b0f2842, CUDA graph per token, ncu): Q4_0 tg128 189 tok/s, of which the
+//   dp4a kernel 2.97 ms/token = 1.42 TB/s (33% of 4.3 TB/s); Q8_0 3.97 ms = 2.0 TB/s; BF16's
+//   f32-path matvec_kernel 6.96 ms = 2.2 TB/s.
+// v3: staged kernels (matvec_staged_kernel below): rows copied to shared memory in 16-byte
+//   cp.async chunks, two in flight per warp, v2's block arithmetic on the copy; F16/BF16 too.
 #include "cuda/matmul.cuh"
 
 #include <algorithm>
 #include <type_traits>
+
+#include <cuda_pipeline.h>
 
 #include "cuda/cuda_check.h"
 #include "cuda/dequant.cuh"
@@ -361,81 +368,16 @@ __global__ void quantize_q8_kernel(const float* x, int64_t x_stride, int64_t n_i
   if (lane == 0) xd[t * n_blk + b] = __half2float(__float2half_rn(d));
 }
 
-constexpr int kQWarps = 4;  // rows (warps) per block of the dp4a kernel
-
 __device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {  // 2-byte aligned int load
   const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
   return static_cast<int>(static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16));
 }
 
-template <int T, int NT>
-__global__ void __launch_bounds__(kQWarps * 32) matvec_q8_kernel(Args a, const int8_t* __restrict__ xq,
-                                                                  const float* __restrict__ xd) {
-  {
-    const int64_t xr = select_slot(a);
-    xq += xr * a.n_in;
-    xd += xr * (a.n_in / 32);
-  }
-  // Lanes per weight block: Q4_0 2 (16 elements each), Q8_0 4 (8 elements each).
-  constexpr int kLpb = T == kQ4_0 ? 2 : 4;
-  constexpr int kBytes = BlockGeom<T>::kBytes;
-  const int lane = threadIdx.x % 32, k = lane % kLpb;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
-  if (row >= a.n_out) return;
-  const uint8_t* wr = a.w + row * a.row_bytes;
-  const int64_t n_blk = a.n_in / 32;
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-#pragma unroll 4
-  for (int64_t ib = lane / kLpb; ib < n_blk; ib += 32 / kLpb) {
-    const uint8_t* b = wr + ib * kBytes;
-    const float dw = h2f(b);
-    if constexpr (T == kQ4_0) {
-      const int v0 = ld_i32_a2(b + 2 + 8 * k), v1 = ld_i32_a2(b + 6 + 8 * k);
-      const int w0 = __vsub4(v0 & 0x0F0F0F0F, 0x08080808), w1 = __vsub4(v1 & 0x0F0F0F0F, 0x08080808);
-      const int w2 = __vsub4((v0 >> 4) & 0x0F0F0F0F, 0x08080808), w3 = __vsub4((v1 >> 4) & 0x0F0F0F0F, 0x08080808);
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int* u = reinterpret_cast<const int*>(xq + t * a.n_in + ib * 32);
-        int s = __dp4a(w0, u[2 * k], 0);
-        s = __dp4a(w1, u[2 * k + 1], s);
-        s = __dp4a(w2, u[4 + 2 * k], s);
-        s = __dp4a(w3, u[5 + 2 * k], s);
-        acc[t] += static_cast<float>(s) * (dw * xd[t * n_blk + ib]);
-      }
-    } else {
-      const int w0 = ld_i32_a2(b + 2 + 8 * k), w1 = ld_i32_a2(b + 6 + 8 * k);
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int* u = reinterpret_cast<const int*>(xq + t * a.n_in + ib * 32);
-        int s = __dp4a(w0, u[2 * k], 0);
-        s = __dp4a(w1, u[2 * k + 1], s);
-        acc[t] += static_cast<float>(s) * (dw * xd[t * n_blk + ib]);
-      }
-    }
-  }
-  store_row<NT>(a, row, acc);
-}
-
-template <int T>
-void matvec_q8_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
-  // act_round holds n_tok * n_in floats: int8 quants first, then the f32 block scales.
-  int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);
-  float* xd = reinterpret_cast<float*>(xq + p.n_tok * p.n_in);
+void launch_quantize_q8(const MatmulParams& p, int8_t* xq, float* xd) {
   const int64_t n_warps = p.n_tok * (p.n_in / 32);
-  if (!x_ready) {
-    quantize_q8_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
-                                                                                       p.n_tok, xq, xd);
-    FRINK_CUDA_CHECK_LAUNCH();
-  }
-  const int64_t n_blk = p.n_in / 32;
-  launch_rows(p, a0, static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps),
-              [&](const Args& a, dim3 g, int64_t t0, bool four) {
-                if (four) matvec_q8_kernel<T, 4><<<g, kQWarps * 32, 0, p.stream>>>(a, xq + t0 * p.n_in, xd + t0 * n_blk);
-                else matvec_q8_kernel<T, 1><<<g, kQWarps * 32, 0, p.stream>>>(a, xq + t0 * p.n_in, xd + t0 * n_blk);
-                FRINK_CUDA_CHECK_LAUNCH();
-              });
+  quantize_q8_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok,
+                                                                                     xq, xd);
+  FRINK_CUDA_CHECK_LAUNCH();
 }
 
 // dp4a path for Q4_K and Q6_K (the types of a Q4_K_M file), used when act_round is given: x is
@@ -500,106 +442,278 @@ __global__ void quantize_q8k_kernel(const float* x, int64_t x_stride, int64_t n_
 
 __device__ __forceinline__ int ld_i32(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
 
-// Q4_K: 8 lanes per 144-byte super-block; lane k takes qs bytes [16k, 16k + 16) (one 16-byte
-// load: a super-block starts 16-byte aligned, and its qs at +16), i.e. elements l in
-// [16 (k % 2), + 16) of sub-blocks 2 (k / 2) (low nibbles) and 2 (k / 2) + 1 (high nibbles).
-template <int NT>
-__global__ void __launch_bounds__(kQWarps * 32) matvec_q4k_kernel(Args a, Q8KAct x) {
-  x = x.at_row(select_slot(a), a.n_in);
-  const int lane = threadIdx.x % 32, k = lane % 8, g = k / 2, l0 = 16 * (k % 2);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
-  if (row >= a.n_out) return;
+void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x) {
+  const int64_t n_warps = p.n_tok * (p.n_in / 256);
+  quantize_q8k_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok,
+                                                                                      x);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+// Staged matrix-vector kernels (v3). The profile of v2 (H200, 8B Q4_0 decode, ncu): the dp4a
+// kernels read weights at 1.42 TB/s, 33% of the 4.3 TB/s bound: each lane issued 2- and
+// 4-byte loads at 18/34/210-byte block strides, so few bytes were in flight per warp. Here a
+// warp copies its row in chunks of whole blocks (kStagedBlocks: a multiple of 16 bytes) with
+// 16-byte cp.async into shared memory, two chunks in flight (the next chunk's copy runs
+// while the current one is computed), and the lanes then run v2's block arithmetic on the
+// shared copy. Rows must start 16-byte aligned (row_bytes % 16 == 0; staged_ok); others keep
+// v2. kSWarps rows per block: four, so the 1024-row K/V products still fill 132 SMs.
+constexpr int kSWarps = 4;
+
+// Per type: kBlocks blocks of kBlockBytes bytes (kBlockElems elements) per staged chunk.
+template <int T, int Blocks>
+struct StagedGeom {
+  static constexpr bool kPlain = T == kBF16 || T == kF16;
+  static constexpr int kBlocks = Blocks;
+  static constexpr int kBlockBytes = kPlain ? 2 : BlockGeom<kPlain ? kQ4_0 : T>::kBytes;
+  static constexpr int kBlockElems = kPlain ? 1 : BlockGeom<kPlain ? kQ4_0 : T>::kElems;
+  static constexpr int kChunk = kBlocks * kBlockBytes;
+  static_assert(kChunk % 16 == 0, "chunks are copied 16 bytes at a time");
+};
+template <int T> struct Staged;
+template <> struct Staged<kQ4_0> : StagedGeom<kQ4_0, 64> {};  // 1152 bytes
+template <> struct Staged<kQ8_0> : StagedGeom<kQ8_0, 32> {};  // 1088 bytes
+template <> struct Staged<kQ4_K> : StagedGeom<kQ4_K, 8> {};   // 1152 bytes
+template <> struct Staged<kQ6_K> : StagedGeom<kQ6_K, 8> {};   // 1680 bytes
+template <> struct Staged<kBF16> : StagedGeom<kBF16, 512> {}; // 1024 bytes
+template <> struct Staged<kF16> : StagedGeom<kF16, 512> {};
+
+// The activation each family reads: int8 Q8_0 blocks (Q4_0, Q8_0), Q8_K blocks (Q4_K, Q6_K)
+// or f32 rows already rounded to the weights' 16-bit format (F16, BF16).
+struct StagedAct {
+  const int8_t* q8;
+  const float* d8;
+  Q8KAct q8k;
+  const float* x;
+};
+
+// Blocks [b0, b0 + nb) of the row, whose bytes start at s (shared memory for the staged
+// kernel, the row itself for the direct one), into acc (NT activation rows): the host's
+// vec_dot_q4_0_q8_0 / q8_0_q8_0 / q4_K_q8_K / q6_K_q8_K arithmetic (integer dots per block or
+// sub-block, then the float scales; Q4_K's min term from the activation's per-32 sums).
+template <int T, int NT>
+__device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, const uint8_t* s, int64_t b0,
+                                                 int nb, float (&acc)[NT]) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (T == kQ4_0 || T == kQ8_0) {
+    constexpr int kLpb = T == kQ4_0 ? 2 : 4;
+    constexpr int kBytes = BlockGeom<T>::kBytes;
+    // Lanes per weight block: Q4_0 2 (16 elements each), Q8_0 4 (8 elements each).
+    const int k = lane % kLpb;
+    const int64_t n_blk = a.n_in / 32;
+    for (int i = lane / kLpb; i < nb; i += 32 / kLpb) {
+      const uint8_t* b = s + i * kBytes;
+      const int64_t ib = b0 + i;
+      const float dw = h2f(b);
+      if constexpr (T == kQ4_0) {
+        const int v0 = ld_i32_a2(b + 2 + 8 * k), v1 = ld_i32_a2(b + 6 + 8 * k);
+        const int w0 = __vsub4(v0 & 0x0F0F0F0F, 0x08080808), w1 = __vsub4(v1 & 0x0F0F0F0F, 0x08080808);
+        const int w2 = __vsub4((v0 >> 4) & 0x0F0F0F0F, 0x08080808), w3 = __vsub4((v1 >> 4) & 0x0F0F0F0F, 0x08080808);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int* u = reinterpret_cast<const int*>(x.q8 + t * a.n_in + ib * 32);
+          int sum = __dp4a(w0, u[2 * k], 0);
+          sum = __dp4a(w1, u[2 * k + 1], sum);
+          sum = __dp4a(w2, u[4 + 2 * k], sum);
+          sum = __dp4a(w3, u[5 + 2 * k], sum);
+          acc[t] += static_cast<float>(sum) * (dw * x.d8[t * n_blk + ib]);
+        }
+      } else {
+        const int w0 = ld_i32_a2(b + 2 + 8 * k), w1 = ld_i32_a2(b + 6 + 8 * k);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int* u = reinterpret_cast<const int*>(x.q8 + t * a.n_in + ib * 32);
+          int sum = __dp4a(w0, u[2 * k], 0);
+          sum = __dp4a(w1, u[2 * k + 1], sum);
+          acc[t] += static_cast<float>(sum) * (dw * x.d8[t * n_blk + ib]);
+        }
+      }
+    }
+  } else if constexpr (T == kQ4_K) {
+    // 8 lanes per 144-byte super-block; lane k takes qs bytes [16k, 16k + 16) (one 16-byte
+    // load: a super-block starts 16-byte aligned, and its qs at +16), i.e. elements l in
+    // [16 (k % 2), + 16) of sub-blocks 2 (k / 2) (low nibbles) and 2 (k / 2) + 1 (high nibbles).
+    const int k = lane % 8, g = k / 2, l0 = 16 * (k % 2);
+    const int64_t n_sb = a.n_in / 256;
+    for (int i = lane / 8; i < nb; i += 4) {
+      const uint8_t* b = s + i * 144;
+      const int64_t ib = b0 + i;
+      const float dw = h2f(b), dminw = h2f(b + 2);
+      int sc_lo, m_lo, sc_hi, m_hi;
+      scale_min_k4(2 * g, b + 4, sc_lo, m_lo);
+      scale_min_k4(2 * g + 1, b + 4, sc_hi, m_hi);
+      const int4 qv = *reinterpret_cast<const int4*>(b + 16 + 16 * k);
+      const int w[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xq = x.q8k.q + t * a.n_in + ib * 256;
+        int s_lo = 0, s_hi = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          s_lo = __dp4a(w[j] & 0x0F0F0F0F, ld_i32(xq + 32 * (2 * g) + l0 + 4 * j), s_lo);
+          s_hi = __dp4a((w[j] >> 4) & 0x0F0F0F0F, ld_i32(xq + 32 * (2 * g + 1) + l0 + 4 * j), s_hi);
+        }
+        const float dx = x.q8k.d[t * n_sb + ib];
+        const int32_t* xs = x.q8k.sum + t * (a.n_in / 32) + ib * 8;
+        const int summ = k % 2 == 0 ? m_lo * xs[2 * g] + m_hi * xs[2 * g + 1] : 0;
+        acc[t] += (dx * dw) * static_cast<float>(sc_lo * s_lo + sc_hi * s_hi) - (dx * dminw) * static_cast<float>(summ);
+      }
+    }
+  } else if constexpr (T == kQ6_K) {
+    // 16 lanes per 210-byte super-block (2-byte aligned: 2-byte loads); lane k takes half
+    // h = k / 8 and elements l in [l4, l4 + 4), l4 = 4 (k % 8), of each quarter (+0, +32, +64,
+    // +96) of that half: 4 bytes of ql at l4 and at 32 + l4, 4 bytes of qh at l4. Element
+    // e = 128 h + 32 j + l lies in 16-element sub-block 8 h + 2 j + l4 / 16.
+    const int k = lane % 16, h = k / 8, l4 = 4 * (k % 8);
+    const int64_t n_sb = a.n_in / 256;
+    for (int i = lane / 16; i < nb; i += 2) {
+      const uint8_t* b = s + i * 210;
+      const int64_t ib = b0 + i;
+      const uint8_t* ql = b + 64 * h;
+      const uint8_t* qh = b + 128 + 32 * h;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float dw = h2f(b + 208);
+      const int qa = ld_i32_a2(ql + l4), qb = ld_i32_a2(ql + 32 + l4), qhw = ld_i32_a2(qh + l4);
+      // Six-bit values 0..63 per byte, minus 32 per byte (__vsub4 wraps per byte: two's complement int8).
+      const int w[4] = {static_cast<int>(__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020)),
+                        static_cast<int>(__vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020)),
+                        static_cast<int>(__vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020)),
+                        static_cast<int>(__vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020))};
+      int scj[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) scj[j] = sc[8 * h + 2 * j + l4 / 16];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xq = x.q8k.q + t * a.n_in + ib * 256 + 128 * h + l4;
+        int sumi = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sumi += scj[j] * __dp4a(w[j], ld_i32(xq + 32 * j), 0);
+        acc[t] += (x.q8k.d[t * n_sb + ib] * dw) * static_cast<float>(sumi);
+      }
+    }
+  } else {  // F16 / BF16: 8 elements (16 bytes) per lane step; x rows are f32
+    for (int g = lane; g < nb / 8; g += 32) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(s + 16 * g);
+      const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+      float w[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (T == kBF16) {
+          w[2 * j] = __uint_as_float(u[j] << 16);
+          w[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+        } else {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[j]));
+          w[2 * j] = f.x;
+          w[2 * j + 1] = f.y;
+        }
+      }
+      const int64_t e0 = b0 + 8 * g;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(x.x + t * a.x_stride + e0);
+        const float4 x0 = xp[0], x1 = xp[1];
+        acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z +
+                  w[7] * x1.w;
+      }
+    }
+  }
+}
+
+// One warp per row; the warp's two shared buffers take alternate chunks.
+template <int T, int NT>
+__global__ void __launch_bounds__(kSWarps * 32) matvec_staged_kernel(Args a, StagedAct x) {
+  constexpr int kChunk = Staged<T>::kChunk;
+  __shared__ __align__(16) uint8_t sm[kSWarps][2][kChunk];
+  {
+    const int64_t xr = select_slot(a);
+    if constexpr (T == kBF16 || T == kF16) x.x += xr * a.x_stride;
+    else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, a.n_in);
+    else {
+      x.q8 += xr * a.n_in;
+      x.d8 += xr * (a.n_in / 32);
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kSWarps + warp;
+  if (row >= a.n_out) return;  // warp-uniform; no block-wide barrier below
   const uint8_t* wr = a.w + row * a.row_bytes;
-  const int64_t n_sb = a.n_in / 256;
+  const int64_t n_blocks = a.n_in / Staged<T>::kBlockElems;
+  const int64_t n_chunks = (n_blocks + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
+  // Chunk c's bytes into buffer c % 2: 16-byte copies, lanes strided (coalesced).
+  auto issue = [&](int64_t c) {
+    const int64_t b0 = c * Staged<T>::kBlocks;
+    const int bytes = static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - b0) * Staged<T>::kBlockBytes);
+    const uint8_t* src = wr + b0 * Staged<T>::kBlockBytes;
+    uint8_t* dst = sm[warp][c % 2];
+    for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
+  };
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  for (int64_t ib = lane / 8; ib < n_sb; ib += 4) {
-    const uint8_t* b = wr + ib * 144;
-    const float dw = h2f(b), dminw = h2f(b + 2);
-    int sc_lo, m_lo, sc_hi, m_hi;
-    scale_min_k4(2 * g, b + 4, sc_lo, m_lo);
-    scale_min_k4(2 * g + 1, b + 4, sc_hi, m_hi);
-    const int4 qv = *reinterpret_cast<const int4*>(b + 16 + 16 * k);
-    const int w[4] = {qv.x, qv.y, qv.z, qv.w};
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* xq = x.q + t * a.n_in + ib * 256;
-      int s_lo = 0, s_hi = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s_lo = __dp4a(w[i] & 0x0F0F0F0F, ld_i32(xq + 32 * (2 * g) + l0 + 4 * i), s_lo);
-        s_hi = __dp4a((w[i] >> 4) & 0x0F0F0F0F, ld_i32(xq + 32 * (2 * g + 1) + l0 + 4 * i), s_hi);
-      }
-      const float dx = x.d[t * n_sb + ib];
-      const int32_t* xs = x.sum + t * (a.n_in / 32) + ib * 8;
-      const int summ = k % 2 == 0 ? m_lo * xs[2 * g] + m_hi * xs[2 * g + 1] : 0;  // once per sub-block pair
-      acc[t] += (dx * dw) * static_cast<float>(sc_lo * s_lo + sc_hi * s_hi) - (dx * dminw) * static_cast<float>(summ);
-    }
+  issue(0);
+  __pipeline_commit();
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    if (c + 1 < n_chunks) issue(c + 1);
+    __pipeline_commit();        // possibly empty: one group per iteration keeps the count simple
+    __pipeline_wait_prior(1);   // chunk c has landed (this lane's copies)
+    __syncwarp();               // ... and every lane's
+    const int64_t b0 = c * Staged<T>::kBlocks;
+    blocks_dot<T, NT>(a, x, sm[warp][c % 2], b0,
+                            static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - b0)), acc);
+    __syncwarp();  // buffer c % 2 is read by all lanes before chunk c + 2 overwrites it
   }
   store_row<NT>(a, row, acc);
 }
 
-// Q6_K: 16 lanes per 210-byte super-block (only 2-byte aligned: 2-byte loads); lane k takes
-// half h = k / 8 and elements l in [l4, l4 + 4), l4 = 4 (k % 8), of each quarter (+0, +32,
-// +64, +96) of that half: 4 bytes of ql at l4 and at 32 + l4, 4 bytes of qh at l4.
-template <int NT>
-__global__ void __launch_bounds__(kQWarps * 32) matvec_q6k_kernel(Args a, Q8KAct x) {
-  x = x.at_row(select_slot(a), a.n_in);
-  const int lane = threadIdx.x % 32, k = lane % 16, h = k / 8, l4 = 4 * (k % 8);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kQWarps + threadIdx.x / 32;
+// Whether W's rows suit the staged kernels: 16-byte aligned starts (and expert stacks).
+bool staged_ok(const MatmulParams& p) {
+  return p.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && p.expert_bytes % 16 == 0 &&
+         (p.type != kBF16 && p.type != kF16
+              ? true
+              : p.n_in % 8 == 0 && p.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0);
+}
+
+// The dp4a families on rows the staged kernel cannot copy (not 16-byte aligned): the same
+// block arithmetic straight from global memory, kSWarps rows per block.
+template <int T, int NT>
+__global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, StagedAct x) {
+  {
+    const int64_t xr = select_slot(a);
+    if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, a.n_in);
+    else {
+      x.q8 += xr * a.n_in;
+      x.d8 += xr * (a.n_in / 32);
+    }
+  }
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kSWarps + threadIdx.x / 32;
   if (row >= a.n_out) return;
-  const uint8_t* wr = a.w + row * a.row_bytes;
-  const int64_t n_sb = a.n_in / 256;
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  for (int64_t ib = lane / 16; ib < n_sb; ib += 2) {
-    const uint8_t* b = wr + ib * 210;
-    const uint8_t* ql = b + 64 * h;
-    const uint8_t* qh = b + 128 + 32 * h;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-    const float dw = h2f(b + 208);
-    const int qa = ld_i32_a2(ql + l4), qb = ld_i32_a2(ql + 32 + l4), qhw = ld_i32_a2(qh + l4);
-    // Six-bit values 0..63 per byte, minus 32 per byte (__vsub4 wraps per byte: two's complement int8).
-    const int w[4] = {static_cast<int>(__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020)),
-                      static_cast<int>(__vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020)),
-                      static_cast<int>(__vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020)),
-                      static_cast<int>(__vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020))};
-    // Element e = 128 h + 32 i + l lies in 16-element sub-block j = 8 h + 2 i + l4 / 16.
-    int scj[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) scj[i] = sc[8 * h + 2 * i + l4 / 16];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* xq = x.q + t * a.n_in + ib * 256 + 128 * h + l4;
-      int sumi = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sumi += scj[i] * __dp4a(w[i], ld_i32(xq + 32 * i), 0);
-      acc[t] += (x.d[t * n_sb + ib] * dw) * static_cast<float>(sumi);
-    }
-  }
+  blocks_dot<T, NT>(a, x, a.w + row * a.row_bytes, 0, static_cast<int>(a.n_in / Staged<T>::kBlockElems), acc);
   store_row<NT>(a, row, acc);
 }
 
 template <int T>
-void matvec_q8k_launch(const MatmulParams& p, const Args& a0, bool x_ready) {
-  const Q8KAct x = q8k_act(p);
-  if (!x_ready) {
-    const int64_t n_warps = p.n_tok * (p.n_in / 256);
-    quantize_q8k_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
-                                                                                        p.n_tok, x);
-    FRINK_CUDA_CHECK_LAUNCH();
-  }
-  launch_rows(p, a0, static_cast<unsigned>((p.n_out + kQWarps - 1) / kQWarps),
+void matvec_staged_launch(const MatmulParams& p, const Args& a0, const StagedAct& x0) {
+  const bool staged = staged_ok(p);
+  launch_rows(p, a0, static_cast<unsigned>((p.n_out + kSWarps - 1) / kSWarps),
               [&](const Args& a, dim3 g, int64_t t0, bool four) {
-                const Q8KAct xt = x.at_row(t0, p.n_in);
-                if constexpr (T == kQ4_K) {
-                  if (four) matvec_q4k_kernel<4><<<g, kQWarps * 32, 0, p.stream>>>(a, xt);
-                  else matvec_q4k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a, xt);
+                StagedAct x = x0;  // the launch's first activation row
+                if constexpr (Staged<T>::kPlain) x.x = a.x;
+                else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x0.q8k.at_row(t0, p.n_in);
+                else {
+                  x.q8 += t0 * p.n_in;
+                  x.d8 += t0 * (p.n_in / 32);
+                }
+                if constexpr (Staged<T>::kPlain) {  // only staged: unaligned plain rows take matvec_kernel
+                  if (four) matvec_staged_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
+                  else matvec_staged_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
+                } else if (staged) {
+                  if (four) matvec_staged_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
+                  else matvec_staged_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
                 } else {
-                  if (four) matvec_q6k_kernel<4><<<g, kQWarps * 32, 0, p.stream>>>(a, xt);
-                  else matvec_q6k_kernel<1><<<g, kQWarps * 32, 0, p.stream>>>(a, xt);
+                  if (four) matvec_direct_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
+                  else matvec_direct_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
                 }
                 FRINK_CUDA_CHECK_LAUNCH();
               });
@@ -681,15 +795,18 @@ void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
   MatmulParams p = p_in;
   if constexpr (T == kQ4_0 || T == kQ8_0) {
     if (kind == kActDp4a) {
-      const Args a = args_of(p);
-      matvec_q8_launch<T>(p, a, x_ready);
+      int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);  // int8 quants, then the f32 block scales
+      float* xd = reinterpret_cast<float*>(xq + p.n_tok * p.n_in);
+      if (!x_ready) launch_quantize_q8(p, xq, xd);
+      matvec_staged_launch<T>(p, args_of(p), StagedAct{xq, xd, {}, nullptr});
       return;
     }
   }
   if constexpr (T == kQ4_K || T == kQ6_K) {
     if (kind == kActDp4aK) {
-      const Args a = args_of(p);
-      matvec_q8k_launch<T>(p, a, x_ready);
+      const Q8KAct x = q8k_act(p);
+      if (!x_ready) launch_quantize_q8k(p, x);
+      matvec_staged_launch<T>(p, args_of(p), StagedAct{nullptr, nullptr, x, nullptr});
       return;
     }
   }
@@ -699,6 +816,12 @@ void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
     p.x_stride = p.n_in;
   }
   const Args a = args_of(p);
+  if constexpr (T == kF16 || T == kBF16) {
+    if (takes_matvec(p) && staged_ok(p)) {
+      matvec_staged_launch<T>(p, a, StagedAct{nullptr, nullptr, {}, p.x});
+      return;
+    }
+  }
   if (takes_matvec(p))
     matvec_launch<T>(p, a);
   else

@@ -157,8 +157,11 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
   cublasHandle_t blas;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   // n_tok 5 = one 4-token and one 1-token launch, 8 two 4-token ones; 12 takes the cuBLAS path.
-  const std::vector<MatCase> cases = {{256, 9, 1, false}, {512, 33, 3, true}, {768, 20, 12, false},
-                                      {4096, 40, 5, true}, {4096, 40, 8, true}, {64, 3, 1, false}};
+  // The staged kernels (rows a multiple of 16 bytes) see one chunk and a part (2304: Q4_0 64 +
+  // 8 blocks, Q4_K 8 + 1), whole chunks (4096) and seven (14336, the 8B down projection).
+  const std::vector<MatCase> cases = {{256, 9, 1, false},  {512, 33, 3, true},   {768, 20, 12, false},
+                                      {4096, 40, 5, true}, {4096, 40, 8, true},  {64, 3, 1, false},
+                                      {2304, 9, 4, true},  {14336, 24, 1, false}};
   for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                      GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
@@ -277,7 +280,9 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
 TEST(CudaKernels, NormsMatchHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(3);
-  for (int64_t n : {37, 64, 255, 4099})
+  // Widths a multiple of 4 take the float4 kernel with 1 to 4 float4 per thread (128 .. 16384);
+  // the others (and 16388, past its registers) the scalar loop.
+  for (int64_t n : {37, 64, 128, 255, 4096, 4099, 12288, 16384, 16388})
     for (bool layer : {false, true})
       for (int64_t rows : {1, 5}) {
         const auto x = random_floats(rng, n * rows), w = random_floats(rng, n), b = random_floats(rng, n);
@@ -302,7 +307,7 @@ TEST(CudaKernels, NormsMatchHost) {
         p.layer_norm = layer;
         cuda::launch_norm(p);
         const auto y = dy.get();
-        // f32 sums (host: double) over <= 4099 terms: ~1e-13; bound 1e-10.
+        // f32 sums (host: double) over <= 16388 terms: ~1e-13; bound 1e-10.
         EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-10) << "n " << n << " layer " << layer;
       }
 }
