@@ -1,14 +1,30 @@
-// Split-K attention (see attention.cuh).
+// Device attention (see attention.cuh).
 //
-// Kernel 1, grid (n_split, n_head, n_tok), 4 warps: each warp takes keys of its chunk in
-// turn; lanes split the head dimension (d = lane + 32 i), a warp shuffle sums Q.K, and the
-// warp keeps an online softmax (max m, sum l, acc[head_dim_v]) in registers. The 4 warps
-// merge through shared memory and write (m, l, acc) for the chunk. Kernel 2 merges chunks.
-// Chunks entirely past a query's last key return at once and are never read by the merge.
+// Notebook (2026-11-30, written without device time; expectations unmeasured):
+// - Decode (split-K, n_tok < kAttnPrefillMinTok): the old grouped kernel walked a 256-key
+//   split in 8 serial tiles of scalar loads, ~128-512 blocks: latency bound (8B at depth
+//   4096/16384: +3.4/+4.1 ms per token whatever the bytes). Now kAttnChunk = 64 keys per
+//   split, one tile per block, K and V rows fetched with 16-byte cp.async all at once (one
+//   memory round trip per block), thousands of blocks at depth. Each block serves every
+//   query head of its KV head (up to 8), so the KV bytes are read once per token.
+//   Expected: bandwidth bound, 8B depth 16384 ~1.1-1.5 ms of attention per token (4 GiB),
+//   depth 4096 ~0.3-0.5 ms.
+// - Merge: 256 threads per (token, head), splits spread over 8 warps (was one serial loop
+//   per thread over every split, ~0.5 us of L2 latency per split); expected a few us per
+//   layer at 512 splits.
+// - Prefill (n_tok >= kAttnMmaMinTok, head dim 64/128): flash-attention on tensor cores
+//   (mma.sync m16n8k16, f16 inputs converted from the f32 mirror while staging, f32
+//   accumulate and softmax). Expected pp512 at depth 16384 on 8B: attention from ~1 s to
+//   ~30 ms per batch. Smaller batches and other head dims keep the exact f32 tiled kernel.
+// - Per-head split-K kernel (attn_partial_kernel) stays for head dims not a multiple of 4 or
+//   unaligned mirrors; it writes the same partials for the same merge.
 #include "cuda/attention.cuh"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+
+#include <cuda_fp16.h>
 
 #include "cuda/cuda_check.h"
 
@@ -40,6 +56,11 @@ __device__ __forceinline__ float attn_logit(const AttnParams& p, float dot, int6
   return s;
 }
 
+// Per-head split-K (the fallback for head dims that are not a multiple of 4 or mirrors not
+// 16-byte aligned), grid (n_split, n_head, n_tok), 4 warps: each warp takes keys of its chunk
+// in turn; lanes split the head dimension (d = lane + 32 i), a warp shuffle sums Q.K, and the
+// warp keeps an online softmax (max m, sum l, acc[head_dim_v]) in registers. The 4 warps
+// merge through shared memory and write (m, l, acc) for the chunk.
 __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p, int64_t n_split) {
   const int64_t split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -107,33 +128,76 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p,
   }
 }
 
-// grid (n_head, n_tok), 128 threads: merges the chunks of one (token, head).
-__global__ void attn_merge_kernel(AttnParams p, int64_t n_split) {
+// Block-wide max / sum over kMergeThreads threads (every thread gets the result).
+constexpr int kMergeThreads = 256, kMergeWarps = kMergeThreads / 32;
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* s_red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, u) : v + u;
+  }
+  __syncthreads();  // s_red free (an earlier reduction's readers are done)
+  if (lane == 0) s_red[warp] = v;
+  __syncthreads();
+  v = s_red[0];
+  for (int w = 1; w < kMergeWarps; ++w) v = kMax ? fmaxf(v, s_red[w]) : v + s_red[w];
+  return v;
+}
+
+// grid (n_head, n_tok), kMergeThreads threads: merges the splits of one (token, head). With
+// 64-key splits a deep context has hundreds of them, so the splits are spread over the warps
+// (warp w takes splits s0 + w, s0 + w + 8, ...; lanes split the head dimension) rather than
+// walked serially by every thread; the warps' sums meet in shared memory.
+__global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p, int64_t n_split) {
+  __shared__ float s_red[kMergeWarps];
+  __shared__ float s_acc[kMergeWarps][kAttnMaxHeadDim];
   const int64_t h = blockIdx.x, t = blockIdx.y;
   const int64_t stride = 2 + p.head_dim_v;
+  const int hdv = static_cast<int>(p.head_dim_v), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
-  // The splits that hold keys of this query: [s0, s1) (min: never past the grid).
+  // The splits that hold keys of this query: [s0, s1) (min: never past the grid). Every one
+  // of them was written (its chunk meets [first, end)), with a finite max.
   const KeyRange kr = key_range(p, t);
   const int64_t s0 = kr.first / kAttnChunk, s1 = min(n_split, n_split_for(kr.end));
   // A sink is one more logit in the denominator: a split of weight exp(sink - mm), no value.
-  float mm = p.sinks ? p.sinks[h] : -INFINITY;
-  for (int64_t s = s0; s < s1; ++s) mm = fmaxf(mm, part[s * stride]);
-  float ll = p.sinks ? expf(p.sinks[h] - mm) : 0.0f;
-  for (int64_t s = s0; s < s1; ++s) ll += part[s * stride + 1] * expf(part[s * stride] - mm);
+  float mm = -INFINITY;
+  for (int64_t s = s0 + threadIdx.x; s < s1; s += kMergeThreads) mm = fmaxf(mm, part[s * stride]);
+  mm = block_reduce<true>(mm, s_red);
+  if (p.sinks) mm = fmaxf(mm, p.sinks[h]);
+  float ll = 0.0f;
+  for (int64_t s = s0 + threadIdx.x; s < s1; s += kMergeThreads) ll += part[s * stride + 1] * expf(part[s * stride] - mm);
+  ll = block_reduce<false>(ll, s_red);
+  if (p.sinks) ll += expf(p.sinks[h] - mm);
+  float a[kPer] = {};
+#pragma unroll 2
+  for (int64_t s = s0 + warp; s < s1; s += kMergeWarps) {
+    const float* ps = part + s * stride;
+    const float w = expf(ps[0] - mm);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < hdv) a[i] += ps[2 + lane + 32 * i] * w;
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < hdv) s_acc[warp][lane + 32 * i] = a[i];
+  __syncthreads();
   float* out = p.out + t * p.n_head * p.head_dim_v + h * p.head_dim_v;
-  for (int64_t d = threadIdx.x; d < p.head_dim_v; d += blockDim.x) {
-    float a = 0.0f;
-    for (int64_t s = s0; s < s1; ++s) a += part[s * stride + 2 + d] * expf(part[s * stride] - mm);
-    out[d] = a / ll;
+  for (int d = threadIdx.x; d < hdv; d += kMergeThreads) {
+    float sum = 0.0f;
+    for (int w = 0; w < kMergeWarps; ++w) sum += s_acc[w][d];
+    out[d] = sum / ll;
   }
 }
 
-// Tiled attention (flash-attention's loop on CUDA cores, f32), for prefill and for grouped
-// decode: a block of kTileWarps warps holds up to kTileWarps query rows that read the same
+// Tiled attention (flash-attention's loop on CUDA cores, f32), for prefill batches the
+// tensor-core kernel below does not take (fewer than kAttnMmaMinTok queries, head dims other
+// than 64/128, pre-sm_80): a block of kTileWarps warps holds up to kTileWarps query rows that read the same
 // KV head, one per warp, and walks their keys in tiles of 32 that the whole block loads once
 // into shared memory. The split-K kernel above re-reads every key from L2 for every query
 // row: at pp512 on the H200 that was 917 us per layer (28.9% of the batch's kernel time,
-// ncu), bound by L2 traffic; in decode it reads each key once per query head of a group.
+// ncu), bound by L2 traffic.
 // Scoring is lane-per-key (lane j dots its key with the query, which every lane reads from
 // shared memory as a broadcast; K rows padded to an odd stride so the lanes' reads hit
 // distinct banks), then one online-softmax update per tile, and the V accumulation splits
@@ -245,40 +309,469 @@ __global__ void __launch_bounds__(kTileWarps * 32) attn_prefill_kernel(AttnParam
     if (lane + 32 * i < hdv) out[lane + 32 * i] = st.acc[i] * c / l;
 }
 
-// Split-K decode for grouped heads: grid (n_split, n_head_kv, n_tok); warp w takes query head
-// hk * G + w (G = n_head / n_head_kv <= kTileWarps), so a split's keys are read once for the
-// whole group. Writes the same partials (m, l, acc) as attn_partial_kernel, for the same merge.
-__global__ void __launch_bounds__(kTileWarps * 32) attn_gqa_partial_kernel(AttnParams p, int64_t n_split) {
-  __shared__ KvTile sm;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t split = blockIdx.x, hk = blockIdx.y, t = blockIdx.z;
-  const int64_t group = p.n_head / p.n_head_kv, h = hk * group + warp;
-  const KeyRange kr = key_range(p, t);
-  const int64_t begin = max(split * kAttnChunk, kr.first), end = min(kr.end, split * kAttnChunk + kAttnChunk);
-  if (begin >= end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
-  const bool live = warp < group;
-  const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
-  if (live) {
-    const float* qh = p.q + t * p.q_stride + h * p.head_dim_k;
-    for (int d = lane; d < hdk; d += 32) sm.q[warp][d] = qh[d];
-  }
-  Online st;
-  for (int64_t j0 = begin; j0 < end; j0 += kTileKeys) {
-    __syncthreads();
-    const int n_tile = static_cast<int>(min(static_cast<int64_t>(kTileKeys), end - j0));
-    load_kv_tile(p, hk, j0, n_tile, sm);
-    __syncthreads();
-    if (live) attend_tile(p, sm.q[warp], sm, j0, n_tile, kr, h, st);
-  }
-  if (!live) return;
-  float* out = p.partial + ((t * p.n_head + h) * n_split + split) * (2 + p.head_dim_v);
-  if (lane == 0) {
-    out[0] = st.m;
-    out[1] = st.l;
-  }
+// Causal prefill on tensor cores (flash-attention 2's loop): grid (ceil(n_tok / kMmaRows),
+// n_head), kMmaWarps warps; warp w owns query rows t0 + 16 w .. + 15 and the block walks its
+// keys in tiles of kMmaKeys. Q (once) and each K/V tile are converted from the f32 rows to
+// f16 while staged in shared memory; S = Q K^T and O += P V are mma.sync m16n8k16 (f16 in,
+// f32 accumulate); scale, softcap, ALiBi, masks (causal, window) and the online softmax act
+// on the S fragments in f32; P goes to f16 for the P V product straight from the S registers
+// (an m16n8 accumulator pair is an m16k16 A fragment). Fragment layouts (PTX ISA, mma.m16n8k16,
+// g = lane / 4, q = lane % 4): A a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..), a3 (g+8,
+// 2q+8..); B b0 (k = 2q..2q+1, n = g), b1 (k = 2q+8.., n = g); C c0,c1 (g, 2q..2q+1), c2,c3
+// (g+8, 2q..2q+1). K is kept [key][d] (B = K^T: b0 is two consecutive d of one key), V
+// transposed [d][key] (b0 is two consecutive keys of one d), both as 32-bit words.
+// f16 range: a tile (or Q) holding a value beyond kF16Safe is staged scaled by 2^-15 and the
+// product scaled back in f32 (P is then staged x 2^15, which stays below 65504), so values up
+// to ~2e9 are safe; beyond that f16 gives inf. The scaling is decided per block with
+// __syncthreads_or, so the common case costs one comparison per element.
+constexpr int kMmaWarps = 4, kMmaRows = 16 * kMmaWarps, kMmaKeys = 64;
+constexpr float kF16Safe = 60000.0f, kF16Down = 1.0f / 32768.0f, kF16Up = 32768.0f;
+
+template <int D>
+struct MmaTile {
+  __half k[kMmaKeys][D + 8];   // Q first, then each K tile; stride D + 8 halves = 4 mod 32 words:
+                               // the 8 row groups x 4 lanes of a fragment load hit 32 banks
+  __half vt[D][kMmaKeys + 8];  // V tile transposed; same padding argument (36 words)
+};
+static_assert(kMmaRows == kMmaKeys, "Q is staged in the K tile's buffer");
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);  // lo in the low 16 bits: the lower column/row index
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void mma_f16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // launch_attention takes this kernel on sm_80+ only
+#endif
+}
+
+__device__ __forceinline__ bool f16_unsafe(float4 x) {
+  return fabsf(x.x) > kF16Safe || fabsf(x.y) > kF16Safe || fabsf(x.z) > kF16Safe || fabsf(x.w) > kF16Safe;
+}
+__device__ __forceinline__ float4 mul4(float4 x, float s) { return make_float4(x.x * s, x.y * s, x.z * s, x.w * s); }
+__device__ __forceinline__ void store_half4(__half* dst, float4 x) {  // dst 8-byte aligned
+  *reinterpret_cast<uint2*>(dst) = make_uint2(pack_half2(x.x, x.y), pack_half2(x.z, x.w));
+}
+
+// Rows [0, n_rows) of the [kMmaKeys][D] f32 block at src (row stride `stride` floats, 16-byte
+// aligned rows) times mul into the tile's k buffer; rows past n_rows are zeros. Returns whether
+// this thread saw a value f16 cannot hold. Loads first, then converts: all in flight at once.
+template <int D>
+__device__ __forceinline__ bool stage_rows(MmaTile<D>& sm, const float* src, int64_t stride, int n_rows, float mul) {
+  // In batches of 8 float4 per thread: enough loads in flight, few registers (the kernel holds
+  // Q's fragments and O's accumulators meanwhile).
+  constexpr int kIters = kMmaKeys * D / 4 / (kMmaWarps * 32), kBatch = kIters < 8 ? kIters : 8;
+  bool big = false;
+#pragma unroll 1
+  for (int b0 = 0; b0 < kIters; b0 += kBatch) {
+    float4 x[kBatch];
 #pragma unroll
-  for (int i = 0; i < kTilePer; ++i)
-    if (lane + 32 * i < hdv) out[2 + lane + 32 * i] = st.acc[i];
+    for (int it = 0; it < kBatch; ++it) {
+      const int i = threadIdx.x + (b0 + it) * kMmaWarps * 32, r = i / (D / 4), c = i % (D / 4);
+      x[it] = r < n_rows ? *reinterpret_cast<const float4*>(src + r * stride + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int it = 0; it < kBatch; ++it) {
+      const int i = threadIdx.x + (b0 + it) * kMmaWarps * 32, r = i / (D / 4), c = i % (D / 4);
+      const float4 y = mul4(x[it], mul);
+      big |= f16_unsafe(y);
+      store_half4(&sm.k[r][4 * c], y);
+    }
+  }
+  return big;
+}
+
+// The V tile: rows [0, n_rows) of src transposed into vt (zeros past n_rows). A thread takes
+// keys 2 pr, 2 pr + 1 and 4 columns, and stores 4 words (a pair of keys each); lanes: 8 key
+// pairs x 4 column groups, so each global row is read 64 contiguous bytes at a time.
+template <int D>
+__device__ __forceinline__ bool stage_v(MmaTile<D>& sm, const float* src, int64_t stride, int n_rows, float mul) {
+  constexpr int kIters = kMmaKeys / 2 * D / 4 / (kMmaWarps * 32), kBatch = kIters < 4 ? kIters : 4;
+  bool big = false;
+#pragma unroll 1
+  for (int b0 = 0; b0 < kIters; b0 += kBatch) {
+    float4 xa[kBatch], xb[kBatch];
+#pragma unroll
+    for (int it = 0; it < kBatch; ++it) {
+      const int i = threadIdx.x + (b0 + it) * kMmaWarps * 32, pl = i % 8, rest = i / 8, c = rest % (D / 4);
+      const int r = 2 * ((rest / (D / 4)) * 8 + pl);
+      const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      xa[it] = r < n_rows ? *reinterpret_cast<const float4*>(src + r * stride + 4 * c) : z;
+      xb[it] = r + 1 < n_rows ? *reinterpret_cast<const float4*>(src + (r + 1) * stride + 4 * c) : z;
+    }
+#pragma unroll
+    for (int it = 0; it < kBatch; ++it) {
+      const int i = threadIdx.x + (b0 + it) * kMmaWarps * 32, pl = i % 8, rest = i / 8, c = rest % (D / 4);
+      const int r = 2 * ((rest / (D / 4)) * 8 + pl);
+      const float4 a = mul4(xa[it], mul), b = mul4(xb[it], mul);
+      big |= f16_unsafe(a) || f16_unsafe(b);
+      *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 0][r]) = pack_half2(a.x, b.x);
+      *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 1][r]) = pack_half2(a.y, b.y);
+      *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 2][r]) = pack_half2(a.z, b.z);
+      *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 3][r]) = pack_half2(a.w, b.w);
+    }
+  }
+  return big;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnParams p) {
+  __shared__ __align__(16) MmaTile<D> sm;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
+  const int64_t h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const int n_rows = static_cast<int>(min(static_cast<int64_t>(kMmaRows), p.n_tok - t0));
+  const int64_t block_first = key_range(p, t0).first, block_end = key_range(p, t0 + n_rows - 1).end;
+  const int64_t kw = p.n_head_kv * D;  // head_dim_k == head_dim_v == D
+  // This thread's rows of S and O: r = 0 (row g of the warp's 16) and r = 1 (row g + 8).
+  // Rows past n_tok compute on zero queries and are never written.
+  const int64_t trow[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
+  const KeyRange kr[2] = {key_range(p, trow[0]), key_range(p, trow[1])};
+  const float slope = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+
+  // Q (unscaled: p.scale is applied to the f32 product, so a small scale cannot push
+  // queries into f16 subnormals) into A fragments for the D / 16 k-steps.
+  uint32_t qa[D / 16][4];
+  float qmul = 1.0f;
+  {
+    const float* qsrc = p.q + t0 * p.q_stride + h * D;
+    // Q rows need not be 16-byte aligned (q_stride is the caller's): scalar loads.
+    bool big = false;
+    for (int i = threadIdx.x; i < kMmaRows * D / 4; i += kMmaWarps * 32) {
+      const int r = i / (D / 4), c = i % (D / 4);
+      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < n_rows) {
+        const float* s = qsrc + r * p.q_stride + 4 * c;
+        x = make_float4(s[0], s[1], s[2], s[3]);
+      }
+      big |= f16_unsafe(x);
+      store_half4(&sm.k[r][4 * c], x);
+    }
+    if (__syncthreads_or(big)) {  // rare: restage Q scaled down (block-uniform)
+      qmul = kF16Down;
+      for (int i = threadIdx.x; i < kMmaRows * D / 4; i += kMmaWarps * 32) {
+        const int r = i / (D / 4), c = i % (D / 4);
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < n_rows) {
+          const float* s = qsrc + r * p.q_stride + 4 * c;
+          x = make_float4(s[0], s[1], s[2], s[3]);
+        }
+        store_half4(&sm.k[r][4 * c], mul4(x, kF16Down));
+      }
+      __syncthreads();
+    }
+    const int rw = warp * 16;
+#pragma unroll
+    for (int s = 0; s < D / 16; ++s) {
+      qa[s][0] = *reinterpret_cast<const uint32_t*>(&sm.k[rw + g][16 * s + 2 * q4]);
+      qa[s][1] = *reinterpret_cast<const uint32_t*>(&sm.k[rw + g + 8][16 * s + 2 * q4]);
+      qa[s][2] = *reinterpret_cast<const uint32_t*>(&sm.k[rw + g][16 * s + 2 * q4 + 8]);
+      qa[s][3] = *reinterpret_cast<const uint32_t*>(&sm.k[rw + g + 8][16 * s + 2 * q4 + 8]);
+    }
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's columns only
+
+  for (int64_t j0 = block_first; j0 < block_end; j0 += kMmaKeys) {
+    const int n_tile = static_cast<int>(min(static_cast<int64_t>(kMmaKeys), block_end - j0));
+    const float* ksrc = p.k + j0 * kw + hk * D;
+    const float* vsrc = p.v + j0 * kw + hk * D;
+    __syncthreads();  // every warp is done with the previous tile (and with Q's staging)
+    const bool kbig = __syncthreads_or(stage_rows<D>(sm, ksrc, kw, n_tile, 1.0f));
+    const bool vbig = __syncthreads_or(stage_v<D>(sm, vsrc, kw, n_tile, 1.0f));
+    float kmul = 1.0f, vmul = 1.0f;
+    if (kbig || vbig) {  // rare, block-uniform: restage the offending operand scaled down
+      if (kbig) {
+        kmul = kF16Down;
+        stage_rows<D>(sm, ksrc, kw, n_tile, kmul);
+      }
+      if (vbig) {
+        vmul = kF16Down;
+        stage_v<D>(sm, vsrc, kw, n_tile, vmul);
+      }
+      __syncthreads();
+    }
+
+    // S = Q K^T for this warp's 16 rows x kMmaKeys keys.
+    float s[kMmaKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kMmaKeys / 8; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&sm.k[8 * n + g][16 * kk + 2 * q4]);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&sm.k[8 * n + g][16 * kk + 2 * q4 + 8]);
+        mma_f16_16816(s[n], qa[kk], b0, b1);
+      }
+    }
+    // Logits as attn_logit has them (scale, softcap, ALiBi), masked to each row's keys; the
+    // tile's max per row (over the quad that shares the row).
+    const float sfac = p.scale / (qmul * kmul);  // powers of two: exact
+    // Row r sees tile columns [lo, hi); its ALiBi distance to column col is dpos - col (exact
+    // in f32 below 2^24, as the reference's float(pos - j)).
+    int lo[2], hi[2];
+    float dpos[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lo[r] = static_cast<int>(min(max(kr[r].first - j0, int64_t{0}), static_cast<int64_t>(kMmaKeys)));
+      hi[r] = static_cast<int>(min(max(kr[r].end - j0, int64_t{0}), static_cast<int64_t>(kMmaKeys)));
+      dpos[r] = static_cast<float>(kr[r].pos - j0);
+    }
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kMmaKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, col = 8 * n + 2 * q4 + (e % 2);
+        float x = s[n][e] * sfac;
+        if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
+        x -= slope * (dpos[r] - static_cast<float>(col));  // slope 0 without ALiBi
+        x = col >= lo[r] && col < hi[r] ? x : -INFINITY;
+        s[n][e] = x;
+        mt[r] = fmaxf(mt[r], x);
+      }
+    float corr[2], mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+      const float mn = fmaxf(m[r], mt[r]);
+      mu[r] = mn == -INFINITY ? 0.0f : mn;  // a row with no key yet: keep exp() away from NaN
+      corr[r] = expf(m[r] - mu[r]);
+      m[r] = mn;
+    }
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < kMmaKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = expf(s[n][e] - mu[e / 2]);
+        rs[e / 2] += s[n][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + rs[r];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+    // O += P V: the S accumulators of key blocks 2 kk and 2 kk + 1 are P's A fragment for
+    // k-step kk. P is in [0, 1]; x 2^15 when V was scaled down.
+    const float ps = vmul == 1.0f ? 1.0f : kF16Up;
+#pragma unroll
+    for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+      uint32_t pa[4];
+      pa[0] = pack_half2(s[2 * kk][0] * ps, s[2 * kk][1] * ps);
+      pa[1] = pack_half2(s[2 * kk][2] * ps, s[2 * kk][3] * ps);
+      pa[2] = pack_half2(s[2 * kk + 1][0] * ps, s[2 * kk + 1][1] * ps);
+      pa[3] = pack_half2(s[2 * kk + 1][2] * ps, s[2 * kk + 1][3] * ps);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&sm.vt[8 * n + g][16 * kk + 2 * q4]);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&sm.vt[8 * n + g][16 * kk + 2 * q4 + 8]);
+        mma_f16_16816(o[n], pa, b0, b1);
+      }
+    }
+  }
+
+  // Row sums over the quad; a sink is one more logit in the denominator, weighting no value.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (trow[r] >= p.n_tok) continue;
+    float c = 1.0f, ll = l[r];
+    if (p.sinks) {
+      const float sink = p.sinks[h], mm = fmaxf(m[r], sink);
+      c = expf(m[r] - mm);
+      ll = ll * c + expf(sink - mm);
+    }
+    const float f = c / ll;
+    float* out = p.out + trow[r] * p.n_head * D + h * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      out[8 * n + 2 * q4] = o[n][2 * r] * f;
+      out[8 * n + 2 * q4 + 1] = o[n][2 * r + 1] * f;
+    }
+  }
+}
+
+// 16 bytes global -> shared without a register round trip (cp.async, sm_80+), so a thread
+// has all its loads of a tile in flight at once; a plain copy before sm_80.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<float4*>(smem) = *reinterpret_cast<const float4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Split-K decode, grid (n_split, n_head / hb, n_tok), kDecThreads threads: one block is one
+// kAttnChunk-key split for hb query heads sharing a KV head (hb = the largest divisor of the
+// group up to kDecMaxHeads, so the split's K/V bytes are read once per group). The whole
+// split is one tile: every thread issues its 16-byte cp.async loads of K and V at once, so
+// a block costs one memory round trip, and a long context gives thousands of blocks (the
+// old kernel walked a 256-key split in 8 serial tiles of 4-byte loads: latency bound).
+// Then: scores (thread = key j, heads j's set), one softmax per head over the split (a warp
+// per head), and P.V (thread = 4 columns of V for its heads). Writes the partials (m, l,
+// acc) that attn_merge_kernel combines, in f32 throughout (the host's arithmetic up to
+// summation order).
+constexpr int kDecThreads = 128, kDecMaxHeads = 8;
+constexpr int kDecSets = kDecThreads / static_cast<int>(kAttnChunk);  // threads per key in scoring
+constexpr int kDecHeadsPerThread = kDecMaxHeads / kDecSets;
+constexpr int kDecScoreStride = static_cast<int>(kAttnChunk) + 1;  // odd: heads' rows in distinct banks
+static_assert(kDecThreads % kAttnChunk == 0 && kAttnChunk == 64, "scoring maps threads onto the split's keys");
+
+// Shared floats the decode kernel takes: K rows padded by 4 (a stride = 4 mod 32 words, so the
+// 8 lanes of a 16-byte access phase read distinct banks), V rows, the queries, the scores.
+__host__ __device__ constexpr int64_t dec_smem_floats(int64_t hdk, int64_t hdv, int64_t hb) {
+  return kAttnChunk * (hdk + 4) + kAttnChunk * hdv + hb * hdk + hb * kDecScoreStride;
+}
+
+__global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb) {
+  extern __shared__ float4 dec_smem_raw[];  // float4: 16-byte aligned for cp.async
+  float* const smem = reinterpret_cast<float*>(dec_smem_raw);
+  const int64_t split = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * hb, t = blockIdx.z;
+  const int64_t hk = h0 / (p.n_head / p.n_head_kv);  // hb divides the group: one KV head
+  const KeyRange kr = key_range(p, t);
+  const int64_t c0 = split * kAttnChunk;
+  const int64_t begin = max(c0, kr.first), end = min(kr.end, c0 + kAttnChunk);
+  if (begin >= end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
+  const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
+  const int ks = hdk + 4, kc = hdk / 4, vc = hdv / 4;
+  float* const sk = smem;
+  float* const sv = sk + kAttnChunk * ks;
+  float* const sq = sv + kAttnChunk * hdv;
+  float* const ss = sq + hb * hdk;
+  const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
+  const int tid = threadIdx.x;
+
+  // Rows outside [begin, end) are zeros: never read from global memory (they may lie past the
+  // mirror's rows), their scores are masked and zero V rows add nothing.
+  for (int i = tid; i < kAttnChunk * kc; i += kDecThreads) {
+    const int j = i / kc, c = i % kc;
+    const int64_t key = c0 + j;
+    float* dst = sk + j * ks + 4 * c;
+    if (key >= begin && key < end) cp_async16(dst, p.k + key * kw + hk * p.head_dim_k + 4 * c);
+    else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  for (int i = tid; i < kAttnChunk * vc; i += kDecThreads) {
+    const int j = i / vc, c = i % vc;
+    const int64_t key = c0 + j;
+    float* dst = sv + j * hdv + 4 * c;
+    if (key >= begin && key < end) cp_async16(dst, p.v + key * vw + hk * p.head_dim_v + 4 * c);
+    else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  {
+    const float* qh = p.q + t * p.q_stride + h0 * p.head_dim_k;  // hb heads, consecutive
+    for (int i = tid; i < hb * hdk; i += kDecThreads) sq[i] = qh[i];
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  // Scores: thread -> key j, heads set, set + kDecSets, ... (K float4 read once for them all;
+  // the queries are broadcasts).
+  {
+    const int j = tid % kAttnChunk, set = tid / kAttnChunk;
+    float dot[kDecHeadsPerThread] = {};
+    const float4* k4 = reinterpret_cast<const float4*>(sk + j * ks);
+    for (int c = 0; c < kc; ++c) {
+      const float4 kv = k4[c];
+#pragma unroll
+      for (int i = 0; i < kDecHeadsPerThread; ++i) {
+        const int hh = set + kDecSets * i;
+        if (hh < hb) {
+          const float4 qv = reinterpret_cast<const float4*>(sq + hh * hdk)[c];
+          dot[i] += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+        }
+      }
+    }
+    const int64_t key = c0 + j;
+    const bool in = key >= begin && key < end;
+#pragma unroll
+    for (int i = 0; i < kDecHeadsPerThread; ++i) {
+      const int hh = set + kDecSets * i;
+      if (hh < hb) ss[hh * kDecScoreStride + j] = in ? attn_logit(p, dot[i], h0 + hh, kr.pos, key) : -INFINITY;
+    }
+  }
+  __syncthreads();
+
+  // Softmax per head over the split: warp w takes heads w, w + 4, ...; (m, l) go out, the
+  // weights exp(s - m) replace the scores. m is finite: the split has a key in range.
+  const int warp = tid / 32, lane = tid % 32;
+  const int64_t pstride = 2 + p.head_dim_v;
+  for (int hh = warp; hh < hb; hh += kDecThreads / 32) {
+    float* row = ss + hh * kDecScoreStride;
+    const float a = row[lane], b = row[lane + 32];
+    float m = fmaxf(a, b);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float ea = expf(a - m), eb = expf(b - m);
+    row[lane] = ea;
+    row[lane + 32] = eb;
+    float l = ea + eb;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      float* out = p.partial + ((t * p.n_head + h0 + hh) * n_split + split) * pstride;
+      out[0] = m;
+      out[1] = l;
+    }
+  }
+  __syncthreads();
+
+  // P.V: item -> column c (4 floats of V) and a head set; heads set, set + sets, ... (at most
+  // kDecHeadsPerThread: sets >= min(hb, 2) as vc <= 64), each V float4 read once for them.
+  const int sets = min(hb, max(1, kDecThreads / vc));
+  const int jb = static_cast<int>(begin - c0), je = static_cast<int>(end - c0);
+  for (int item = tid; item < vc * sets; item += kDecThreads) {
+    const int c = item % vc, set = item / vc;
+    float4 acc[kDecHeadsPerThread];
+#pragma unroll
+    for (int i = 0; i < kDecHeadsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = jb; j < je; ++j) {
+      const float4 vv = reinterpret_cast<const float4*>(sv + j * hdv)[c];
+#pragma unroll
+      for (int i = 0; i < kDecHeadsPerThread; ++i) {
+        const int hh = set + sets * i;
+        if (hh < hb) {
+          const float e = ss[hh * kDecScoreStride + j];
+          acc[i].x += e * vv.x;
+          acc[i].y += e * vv.y;
+          acc[i].z += e * vv.z;
+          acc[i].w += e * vv.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kDecHeadsPerThread; ++i) {
+      const int hh = set + sets * i;
+      if (hh < hb) {
+        float* out = p.partial + ((t * p.n_head + h0 + hh) * n_split + split) * pstride + 2 + 4 * c;
+        out[0] = acc[i].x;
+        out[1] = acc[i].y;
+        out[2] = acc[i].z;
+        out[3] = acc[i].w;
+      }
+    }
+  }
 }
 
 // One thread per float of the new rows; row t of the batch lands at mirror row *pos + t.
@@ -315,38 +808,83 @@ bool attn_uses_split_k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
   return n_tok < kAttnPrefillMinTok || head_dim_k > kTileMaxDim || head_dim_v > kTileMaxDim;
 }
 
+bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
+  return n_tok >= kAttnMmaMinTok && head_dim_k == head_dim_v && (head_dim_k == 64 || head_dim_k == 128);
+}
+
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v) {
   return static_cast<size_t>(n_tok * n_head * n_split_for(max_keys) * (2 + head_dim_v));
 }
+
+namespace {
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// The current device's compute capability (major) and opt-in shared memory per block.
+struct DeviceLimits {
+  int major = 0, smem_optin = 0;
+};
+DeviceLimits device_limits() {
+  int dev = 0;
+  DeviceLimits d;
+  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev));
+  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return d;
+}
+
+// Query heads per decode block: the largest divisor of the group up to kDecMaxHeads.
+int decode_heads_per_block(int64_t group) {
+  for (int hb = kDecMaxHeads; hb > 1; --hb)
+    if (group % hb == 0) return hb;
+  return 1;
+}
+
+}  // namespace
 
 void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
                            p.n_head % p.n_head_kv == 0 && p.pos && p.max_keys >= p.n_tok
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
-  const bool tiled = p.head_dim_k <= kTileMaxDim && p.head_dim_v <= kTileMaxDim;
+  if (p.n_tok == 0) return;
+  const DeviceLimits dl = device_limits();
+  const bool rows16 = aligned16(p.k) && aligned16(p.v);  // K/V rows as float4: base aligned, widths % 4
   if (!attn_uses_split_k(p.n_tok, p.head_dim_k, p.head_dim_v)) {
-    attn_prefill_kernel<<<dim3(static_cast<unsigned>((p.n_tok + kTileWarps - 1) / kTileWarps),
-                               static_cast<unsigned>(p.n_head)),
-                          kTileWarps * 32, 0, p.stream>>>(p);
+    const unsigned n_head = static_cast<unsigned>(p.n_head);
+    if (attn_uses_tensor_cores(p.n_tok, p.head_dim_k, p.head_dim_v) && dl.major >= 8 && rows16) {
+      const unsigned n_blk = static_cast<unsigned>((p.n_tok + kMmaRows - 1) / kMmaRows);
+      if (p.head_dim_k == 64)
+        attn_prefill_mma_kernel<64><<<dim3(n_blk, n_head), kMmaWarps * 32, 0, p.stream>>>(p);
+      else
+        attn_prefill_mma_kernel<128><<<dim3(n_blk, n_head), kMmaWarps * 32, 0, p.stream>>>(p);
+    } else {
+      attn_prefill_kernel<<<dim3(static_cast<unsigned>((p.n_tok + kTileWarps - 1) / kTileWarps), n_head),
+                            kTileWarps * 32, 0, p.stream>>>(p);
+    }
     FRINK_CUDA_CHECK_LAUNCH();
     return;
   }
   const int64_t n_split = n_split_for(p.max_keys), group = p.n_head / p.n_head_kv;
-  // Groups of 4 to 8 query heads (Llama-3, Qwen3, Mistral) share each key read; with fewer,
-  // most of the tiled kernel's warps would idle, so the per-head kernel keeps them.
-  if (tiled && group >= 4 && group <= kTileWarps) {
-    attn_gqa_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head_kv),
-                                   static_cast<unsigned>(p.n_tok)),
-                              kTileWarps * 32, 0, p.stream>>>(p, n_split);
+  const int hb = decode_heads_per_block(group);
+  const size_t dec_smem = static_cast<size_t>(dec_smem_floats(p.head_dim_k, p.head_dim_v, hb)) * sizeof(float);
+  if (p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && rows16 && dec_smem <= static_cast<size_t>(dl.smem_optin)) {
+    // Above 48 KiB a kernel must opt in; set per launch (as flash-attention does): cheap, and
+    // allowed while a graph is being captured (it enqueues nothing).
+    if (dec_smem > 48 * 1024)
+      FRINK_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(dec_smem)));
+    attn_decode_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
+                              static_cast<unsigned>(p.n_tok)),
+                         kDecThreads, dec_smem, p.stream>>>(p, n_split, hb);
   } else {
     attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
                                static_cast<unsigned>(p.n_tok)),
                           kWarps * 32, 0, p.stream>>>(p, n_split);
   }
   FRINK_CUDA_CHECK_LAUNCH();
-  attn_merge_kernel<<<dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)), 128, 0, p.stream>>>(
-      p, n_split);
+  attn_merge_kernel<<<dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)), kMergeThreads, 0,
+                      p.stream>>>(p, n_split);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,8 @@
 // Attention on the device against a sequence's KV mirror (src/cuda/kv_mirror.h), for
 // decode (n_tok = 1) and causal prefill (n_tok > 1) alike: query t at position pos0 + t sees
 // mirror rows [0, pos0 + t]. Prompts of kAttnPrefillMinTok or more queries use a tiled
-// kernel (attention.cu). Otherwise split-K over the sequence (flash-decoding): the keys are cut
+// kernel (attention.cu): on tensor cores (f16 inputs, f32 accumulate) from kAttnMmaMinTok
+// queries with head dim 64 or 128, exact f32 otherwise. Otherwise split-K over the sequence (flash-decoding): the keys are cut
 // into chunks of kAttnChunk, each (token, head or group of heads sharing a KV head, chunk)
 // block computes a partial softmax (max, sum, weighted V), and a second kernel merges the
 // chunks, so a long context keeps every SM busy at batch 1. GQA (n_head a multiple of
@@ -16,11 +17,18 @@
 
 namespace frink::cuda {
 
-inline constexpr int64_t kAttnChunk = 256;    // keys per split
+// Keys per split: small, so a long context gives thousands of blocks each costing one memory
+// round trip (decode at depth is then bandwidth bound); partial scratch grows as 1/chunk.
+inline constexpr int64_t kAttnChunk = 64;
 inline constexpr int64_t kAttnMaxHeadDim = 256;
 // Batches of at least this many queries (and head dims up to 128) take the tiled prefill
 // kernel, which shares each key tile among 8 queries; smaller ones the split-K kernel.
 inline constexpr int64_t kAttnPrefillMinTok = 8;
+// Batches of at least this many queries with head_dim_k == head_dim_v in {64, 128} take the
+// tensor-core prefill kernel (f16 Q/K/V/P, f32 accumulate and softmax: NMSE ~1e-6 against f32,
+// see tests/gpu/attention_test.cpp); smaller batches keep the exact f32 tiled kernel, where a
+// 64-row tile would be mostly empty anyway.
+inline constexpr int64_t kAttnMmaMinTok = 128;
 
 struct AttnParams {
   const float* q = nullptr;   // [n_tok][q_stride]: heads of head_dim_k, post-RoPE/QK-norm
@@ -48,6 +56,10 @@ struct AttnParams {
 // Whether launch_attention takes the split-K kernels (which need the partial scratch) for
 // this batch and head shape, rather than the tiled prefill kernel.
 bool attn_uses_split_k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
+// Whether a prefill batch (not split-K) of this shape takes the tensor-core kernel (when the
+// device is sm_80+ and the mirrors 16-byte aligned; otherwise the f32 tiled kernel). Features
+// (windows, ALiBi, sinks, softcap, GQA) are all handled there.
+bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 // Scratch floats the split-K partials need for a grid sized by max_keys.
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v);
 void launch_attention(const AttnParams& p);
