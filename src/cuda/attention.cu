@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p,
   ll = block_reduce<false>(ll, s_red);
   if (p.sinks) ll += expf(p.sinks[h] - mm);
   float a[kPer] = {};
-#pragma unroll 2
+#pragma unroll 4  // four splits' loads in flight per warp: the loop is L2-latency bound
   for (int64_t s = s0 + warp; s < s1; s += kMergeWarps) {
     const float* ps = part + s * stride;
     const float w = expf(ps[0] - mm);
