@@ -21,6 +21,7 @@
 #include "cuda/attention.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -818,6 +819,8 @@ size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int6
 
 namespace {
 
+constexpr int kMaxDevices = 64;  // devices whose decode-kernel opt-in is remembered
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // The current device's compute capability (major) and opt-in shared memory per block.
@@ -869,11 +872,20 @@ void launch_attention(const AttnParams& p) {
   const int hb = decode_heads_per_block(group);
   const size_t dec_smem = static_cast<size_t>(dec_smem_floats(p.head_dim_k, p.head_dim_v, hb)) * sizeof(float);
   if (p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && rows16 && dec_smem <= static_cast<size_t>(dl.smem_optin)) {
-    // Above 48 KiB a kernel must opt in; set per launch (as flash-attention does): cheap, and
-    // allowed while a graph is being captured (it enqueues nothing).
-    if (dec_smem > 48 * 1024)
-      FRINK_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(dec_smem)));
+    // Above 48 KiB a kernel must opt in: once per device, to the most any shape takes (the
+    // launch still allocates only what it asks). Once, because the call may wait for copies in
+    // flight (it enqueues nothing, so flash-attention makes it even while a graph is captured).
+    if (dec_smem > 48 * 1024) {
+      static std::atomic<bool> opted[kMaxDevices];
+      int dev = 0;
+      FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+      if (dev >= kMaxDevices || !opted[dev].load(std::memory_order_acquire)) {
+        const int64_t most = dec_smem_floats(kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
+        FRINK_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(std::min<int64_t>(most, dl.smem_optin))));
+        if (dev < kMaxDevices) opted[dev].store(true, std::memory_order_release);
+      }
+    }
     attn_decode_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                               static_cast<unsigned>(p.n_tok)),
                          kDecThreads, dec_smem, p.stream>>>(p, n_split, hb);
