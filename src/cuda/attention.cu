@@ -6,7 +6,10 @@
 //   4096/16384: +3.4/+4.1 ms per token whatever the bytes). Now kAttnChunk = 64 keys per
 //   split, one tile per block, K and V rows fetched with 16-byte cp.async all at once (one
 //   memory round trip per block), thousands of blocks at depth. Each block serves every
-//   query head of its KV head (up to 8), so the KV bytes are read once per token.
+//   query head of its KV head (up to 8), so the KV bytes are read once per token. Split-K
+//   batches of 8+ queries (head dims > 128 only) walk 8 tiles per split, which keeps their
+//   partial scratch at half the old 256-key size. Partial scratch for decode: 4x the old
+//   (8B at a 32768-key graph bound: 8.5 MB).
 //   Expected: bandwidth bound, 8B depth 16384 ~1.1-1.5 ms of attention per token (4 GiB),
 //   depth 4096 ~0.3-0.5 ms.
 // - Merge: 256 threads per (token, head), splits spread over 8 warps (was one serial loop
@@ -36,7 +39,14 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kPer = kAttnMaxHeadDim / 32;  // head-dim elements per lane
 
-__host__ __device__ int64_t n_split_for(int64_t n_keys) { return (n_keys + kAttnChunk - 1) / kAttnChunk; }
+// Keys per split: kAttnChunk (one tile) for decode-sized batches; for the prefill-sized
+// batches that still take split-K (head dims above 128) kPrefillSplitTiles tiles, as the
+// partial scratch grows with n_tok x splits (gemma's 256-wide heads at a 512-token batch).
+constexpr int64_t kPrefillSplitTiles = 8;
+__host__ __device__ int64_t split_keys(int64_t n_tok) {
+  return n_tok < kAttnPrefillMinTok ? kAttnChunk : kAttnChunk * kPrefillSplitTiles;
+}
+__host__ __device__ int64_t n_split_for(int64_t n_keys, int64_t chunk) { return (n_keys + chunk - 1) / chunk; }
 
 // The keys query t sees: [first, end), end = pos + 1; a window keeps the last `window` of
 // them (llama.cpp's is_masked_swa, standard type, as the host).
@@ -62,12 +72,12 @@ __device__ __forceinline__ float attn_logit(const AttnParams& p, float dot, int6
 // in turn; lanes split the head dimension (d = lane + 32 i), a warp shuffle sums Q.K, and the
 // warp keeps an online softmax (max m, sum l, acc[head_dim_v]) in registers. The 4 warps
 // merge through shared memory and write (m, l, acc) for the chunk.
-__global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p, int64_t n_split) {
+__global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   const int64_t split = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t hk = h / (p.n_head / p.n_head_kv);
   const KeyRange kr = key_range(p, t);
-  const int64_t begin = max(split * kAttnChunk, kr.first), end = min(kr.end, split * kAttnChunk + kAttnChunk);
+  const int64_t begin = max(split * chunk, kr.first), end = min(kr.end, split * chunk + chunk);
   if (begin >= end) return;  // a split outside this query's keys (the grid is sized by max_keys;
                              // a window starts late): the merge reads only splits with keys
   const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
@@ -151,7 +161,7 @@ __device__ __forceinline__ float block_reduce(float v, float* s_red) {
 // 64-key splits a deep context has hundreds of them, so the splits are spread over the warps
 // (warp w takes splits s0 + w, s0 + w + 8, ...; lanes split the head dimension) rather than
 // walked serially by every thread; the warps' sums meet in shared memory.
-__global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p, int64_t n_split) {
+__global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_red[kMergeWarps];
   __shared__ float s_acc[kMergeWarps][kAttnMaxHeadDim];
   const int64_t h = blockIdx.x, t = blockIdx.y;
@@ -161,7 +171,7 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p,
   // The splits that hold keys of this query: [s0, s1) (min: never past the grid). Every one
   // of them was written (its chunk meets [first, end)), with a finite max.
   const KeyRange kr = key_range(p, t);
-  const int64_t s0 = kr.first / kAttnChunk, s1 = min(n_split, n_split_for(kr.end));
+  const int64_t s0 = kr.first / chunk, s1 = min(n_split, n_split_for(kr.end, chunk));
   // A sink is one more logit in the denominator: a split of weight exp(sink - mm), no value.
   float mm = -INFINITY;
   for (int64_t s = s0 + threadIdx.x; s < s1; s += kMergeThreads) mm = fmaxf(mm, part[s * stride]);
@@ -625,15 +635,16 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 
 // Split-K decode, grid (n_split, n_head / hb, n_tok), kDecThreads threads: one block is one
-// kAttnChunk-key split for hb query heads sharing a KV head (hb = the largest divisor of the
-// group up to kDecMaxHeads, so the split's K/V bytes are read once per group). The whole
-// split is one tile: every thread issues its 16-byte cp.async loads of K and V at once, so
+// split for hb query heads sharing a KV head (hb = the largest divisor of the group up to
+// kDecMaxHeads, so the split's K/V bytes are read once per group). A decode split is one
+// kAttnChunk-key tile: every thread issues its 16-byte cp.async loads of K and V at once, so
 // a block costs one memory round trip, and a long context gives thousands of blocks (the
 // old kernel walked a 256-key split in 8 serial tiles of 4-byte loads: latency bound).
-// Then: scores (thread = key j, heads j's set), one softmax per head over the split (a warp
-// per head), and P.V (thread = 4 columns of V for its heads). Writes the partials (m, l,
-// acc) that attn_merge_kernel combines, in f32 throughout (the host's arithmetic up to
-// summation order).
+// Per tile: scores (thread = key j, heads of j's set), a softmax step per head (a warp per
+// head: the tile's max, the running max, sum and correction in s_ml), and P.V (thread = 4
+// columns of V for its heads, accumulators kept across tiles). Prefill-sized batches take
+// `tiles` tiles per split (split_keys). Writes the partials (m, l, acc) that
+// attn_merge_kernel combines, in f32 throughout (the host's arithmetic up to summation order).
 constexpr int kDecThreads = 128, kDecMaxHeads = 8;
 constexpr int kDecSets = kDecThreads / static_cast<int>(kAttnChunk);  // threads per key in scoring
 constexpr int kDecHeadsPerThread = kDecMaxHeads / kDecSets;
@@ -641,131 +652,164 @@ constexpr int kDecScoreStride = static_cast<int>(kAttnChunk) + 1;  // odd: heads
 static_assert(kDecThreads % kAttnChunk == 0 && kAttnChunk == 64, "scoring maps threads onto the split's keys");
 
 // Shared floats the decode kernel takes: K rows padded by 4 (a stride = 4 mod 32 words, so the
-// 8 lanes of a 16-byte access phase read distinct banks), V rows, the queries, the scores.
+// 8 lanes of a 16-byte access phase read distinct banks), V rows, the queries, the scores, and
+// (m, l, correction) per head.
 __host__ __device__ constexpr int64_t dec_smem_floats(int64_t hdk, int64_t hdv, int64_t hb) {
-  return kAttnChunk * (hdk + 4) + kAttnChunk * hdv + hb * hdk + hb * kDecScoreStride;
+  return kAttnChunk * (hdk + 4) + kAttnChunk * hdv + hb * hdk + hb * kDecScoreStride + 3 * hb;
 }
 
-__global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb) {
+__global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb, int tiles) {
   extern __shared__ float4 dec_smem_raw[];  // float4: 16-byte aligned for cp.async
   float* const smem = reinterpret_cast<float*>(dec_smem_raw);
   const int64_t split = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * hb, t = blockIdx.z;
   const int64_t hk = h0 / (p.n_head / p.n_head_kv);  // hb divides the group: one KV head
   const KeyRange kr = key_range(p, t);
-  const int64_t c0 = split * kAttnChunk;
-  const int64_t begin = max(c0, kr.first), end = min(kr.end, c0 + kAttnChunk);
-  if (begin >= end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
+  const int64_t s_lo = split * kAttnChunk * tiles;
+  const int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_lo + kAttnChunk * tiles);
+  if (s_begin >= s_end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
   const int ks = hdk + 4, kc = hdk / 4, vc = hdv / 4;
   float* const sk = smem;
   float* const sv = sk + kAttnChunk * ks;
   float* const sq = sv + kAttnChunk * hdv;
   float* const ss = sq + hb * hdk;
+  float* const s_ml = ss + hb * kDecScoreStride;  // per head: running max, running sum, this tile's correction
   const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
-  // Rows outside [begin, end) are zeros: never read from global memory (they may lie past the
-  // mirror's rows), their scores are masked and zero V rows add nothing.
-  for (int i = tid; i < kAttnChunk * kc; i += kDecThreads) {
-    const int j = i / kc, c = i % kc;
-    const int64_t key = c0 + j;
-    float* dst = sk + j * ks + 4 * c;
-    if (key >= begin && key < end) cp_async16(dst, p.k + key * kw + hk * p.head_dim_k + 4 * c);
-    else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  for (int i = tid; i < kAttnChunk * vc; i += kDecThreads) {
-    const int j = i / vc, c = i % vc;
-    const int64_t key = c0 + j;
-    float* dst = sv + j * hdv + 4 * c;
-    if (key >= begin && key < end) cp_async16(dst, p.v + key * vw + hk * p.head_dim_v + 4 * c);
-    else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
   {
     const float* qh = p.q + t * p.q_stride + h0 * p.head_dim_k;  // hb heads, consecutive
     for (int i = tid; i < hb * hdk; i += kDecThreads) sq[i] = qh[i];
   }
-  cp_async_wait_all();
-  __syncthreads();
+  if (tid < hb) {
+    s_ml[3 * tid] = -INFINITY;
+    s_ml[3 * tid + 1] = 0.0f;
+  }
+  // P.V work: item tid -> column c (4 floats of V) and a head set; heads set, set + sets, ...
+  // (at most kDecHeadsPerThread: sets >= min(hb, 2) as vc <= 64); vc * sets <= kDecThreads,
+  // so a thread has at most one item, and its accumulators live across the tiles.
+  const int sets = min(hb, max(1, kDecThreads / vc));
+  const bool pv_item = tid < vc * sets;
+  const int pv_c = tid % vc, pv_set = tid / vc;
+  float4 acc[kDecHeadsPerThread];
+#pragma unroll
+  for (int i = 0; i < kDecHeadsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-  // Scores: thread -> key j, heads set, set + kDecSets, ... (K float4 read once for them all;
-  // the queries are broadcasts).
-  {
-    const int j = tid % kAttnChunk, set = tid / kAttnChunk;
-    float dot[kDecHeadsPerThread] = {};
-    const float4* k4 = reinterpret_cast<const float4*>(sk + j * ks);
-    for (int c = 0; c < kc; ++c) {
-      const float4 kv = k4[c];
+  for (int64_t c0 = s_lo + (s_begin - s_lo) / kAttnChunk * kAttnChunk; c0 < s_end; c0 += kAttnChunk) {
+    const int64_t begin = max(c0, s_begin), end = min(s_end, c0 + kAttnChunk);  // not empty
+    __syncthreads();  // the previous tile's readers are done (and sq, s_ml are written)
+    // Rows outside [begin, end) are zeros: never read from global memory (they may lie past
+    // the mirror's rows), their scores are masked and zero V rows add nothing.
+    for (int i = tid; i < kAttnChunk * kc; i += kDecThreads) {
+      const int j = i / kc, c = i % kc;
+      const int64_t key = c0 + j;
+      float* dst = sk + j * ks + 4 * c;
+      if (key >= begin && key < end) cp_async16(dst, p.k + key * kw + hk * p.head_dim_k + 4 * c);
+      else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (int i = tid; i < kAttnChunk * vc; i += kDecThreads) {
+      const int j = i / vc, c = i % vc;
+      const int64_t key = c0 + j;
+      float* dst = sv + j * hdv + 4 * c;
+      if (key >= begin && key < end) cp_async16(dst, p.v + key * vw + hk * p.head_dim_v + 4 * c);
+      else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // Scores: thread -> key j, heads set, set + kDecSets, ... (K float4 read once for them
+    // all; the queries are broadcasts).
+    {
+      const int j = tid % kAttnChunk, set = tid / kAttnChunk;
+      float dot[kDecHeadsPerThread] = {};
+      const float4* k4 = reinterpret_cast<const float4*>(sk + j * ks);
+      for (int c = 0; c < kc; ++c) {
+        const float4 kv = k4[c];
+#pragma unroll
+        for (int i = 0; i < kDecHeadsPerThread; ++i) {
+          const int hh = set + kDecSets * i;
+          if (hh < hb) {
+            const float4 qv = reinterpret_cast<const float4*>(sq + hh * hdk)[c];
+            dot[i] += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+          }
+        }
+      }
+      const int64_t key = c0 + j;
+      const bool in = key >= begin && key < end;
 #pragma unroll
       for (int i = 0; i < kDecHeadsPerThread; ++i) {
         const int hh = set + kDecSets * i;
-        if (hh < hb) {
-          const float4 qv = reinterpret_cast<const float4*>(sq + hh * hdk)[c];
-          dot[i] += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
-        }
+        if (hh < hb) ss[hh * kDecScoreStride + j] = in ? attn_logit(p, dot[i], h0 + hh, kr.pos, key) : -INFINITY;
       }
     }
-    const int64_t key = c0 + j;
-    const bool in = key >= begin && key < end;
-#pragma unroll
-    for (int i = 0; i < kDecHeadsPerThread; ++i) {
-      const int hh = set + kDecSets * i;
-      if (hh < hb) ss[hh * kDecScoreStride + j] = in ? attn_logit(p, dot[i], h0 + hh, kr.pos, key) : -INFINITY;
-    }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // Softmax per head over the split: warp w takes heads w, w + 4, ...; (m, l) go out, the
-  // weights exp(s - m) replace the scores. m is finite: the split has a key in range.
-  const int warp = tid / 32, lane = tid % 32;
-  const int64_t pstride = 2 + p.head_dim_v;
-  for (int hh = warp; hh < hb; hh += kDecThreads / 32) {
-    float* row = ss + hh * kDecScoreStride;
-    const float a = row[lane], b = row[lane + 32];
-    float m = fmaxf(a, b);
+    // Softmax step per head: warp w takes heads w, w + 4, ...; the weights exp(s - m) replace
+    // the scores. m is finite: the tile has a key in range; the first tile's correction
+    // exp(-inf) is 0 (on zero accumulators).
+    for (int hh = warp; hh < hb; hh += kDecThreads / 32) {
+      float* row = ss + hh * kDecScoreStride;
+      const float a = row[lane], b = row[lane + 32];
+      float m = fmaxf(a, b);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float ea = expf(a - m), eb = expf(b - m);
-    row[lane] = ea;
-    row[lane + 32] = eb;
-    float l = ea + eb;
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      const float m_old = s_ml[3 * hh], m_new = fmaxf(m_old, m);
+      const float ea = expf(a - m_new), eb = expf(b - m_new);
+      row[lane] = ea;
+      row[lane + 32] = eb;
+      float l = ea + eb;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (lane == 0) {
-      float* out = p.partial + ((t * p.n_head + h0 + hh) * n_split + split) * pstride;
-      out[0] = m;
-      out[1] = l;
+      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+      __syncwarp();  // every lane has read s_ml[3 hh] before lane 0 rewrites it
+      if (lane == 0) {
+        const float corr = expf(m_old - m_new);
+        s_ml[3 * hh] = m_new;
+        s_ml[3 * hh + 1] = s_ml[3 * hh + 1] * corr + l;
+        s_ml[3 * hh + 2] = corr;
+      }
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // P.V: item -> column c (4 floats of V) and a head set; heads set, set + sets, ... (at most
-  // kDecHeadsPerThread: sets >= min(hb, 2) as vc <= 64), each V float4 read once for them.
-  const int sets = min(hb, max(1, kDecThreads / vc));
-  const int jb = static_cast<int>(begin - c0), je = static_cast<int>(end - c0);
-  for (int item = tid; item < vc * sets; item += kDecThreads) {
-    const int c = item % vc, set = item / vc;
-    float4 acc[kDecHeadsPerThread];
-#pragma unroll
-    for (int i = 0; i < kDecHeadsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int j = jb; j < je; ++j) {
-      const float4 vv = reinterpret_cast<const float4*>(sv + j * hdv)[c];
+    // P.V over the tile's keys in range.
+    if (pv_item) {
+      const int jb = static_cast<int>(begin - c0), je = static_cast<int>(end - c0);
 #pragma unroll
       for (int i = 0; i < kDecHeadsPerThread; ++i) {
-        const int hh = set + sets * i;
+        const int hh = pv_set + sets * i;
         if (hh < hb) {
-          const float e = ss[hh * kDecScoreStride + j];
-          acc[i].x += e * vv.x;
-          acc[i].y += e * vv.y;
-          acc[i].z += e * vv.z;
-          acc[i].w += e * vv.w;
+          const float corr = s_ml[3 * hh + 2];
+          acc[i] = make_float4(acc[i].x * corr, acc[i].y * corr, acc[i].z * corr, acc[i].w * corr);
+        }
+      }
+      for (int j = jb; j < je; ++j) {
+        const float4 vv = reinterpret_cast<const float4*>(sv + j * hdv)[pv_c];
+#pragma unroll
+        for (int i = 0; i < kDecHeadsPerThread; ++i) {
+          const int hh = pv_set + sets * i;
+          if (hh < hb) {
+            const float e = ss[hh * kDecScoreStride + j];
+            acc[i].x += e * vv.x;
+            acc[i].y += e * vv.y;
+            acc[i].z += e * vv.z;
+            acc[i].w += e * vv.w;
+          }
         }
       }
     }
+  }
+
+  const int64_t pstride = 2 + p.head_dim_v;
+  if (tid < hb) {  // s_ml is final: the last tile's barrier came after its softmax step
+    float* out = p.partial + ((t * p.n_head + h0 + tid) * n_split + split) * pstride;
+    out[0] = s_ml[3 * tid];
+    out[1] = s_ml[3 * tid + 1];
+  }
+  if (pv_item) {
 #pragma unroll
     for (int i = 0; i < kDecHeadsPerThread; ++i) {
-      const int hh = set + sets * i;
+      const int hh = pv_set + sets * i;
       if (hh < hb) {
-        float* out = p.partial + ((t * p.n_head + h0 + hh) * n_split + split) * pstride + 2 + 4 * c;
+        float* out = p.partial + ((t * p.n_head + h0 + hh) * n_split + split) * pstride + 2 + 4 * pv_c;
         out[0] = acc[i].x;
         out[1] = acc[i].y;
         out[2] = acc[i].z;
@@ -814,7 +858,7 @@ bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_
 }
 
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v) {
-  return static_cast<size_t>(n_tok * n_head * n_split_for(max_keys) * (2 + head_dim_v));
+  return static_cast<size_t>(n_tok * n_head * n_split_for(max_keys, split_keys(n_tok)) * (2 + head_dim_v));
 }
 
 namespace {
@@ -868,7 +912,7 @@ void launch_attention(const AttnParams& p) {
     FRINK_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t n_split = n_split_for(p.max_keys), group = p.n_head / p.n_head_kv;
+  const int64_t chunk = split_keys(p.n_tok), n_split = n_split_for(p.max_keys, chunk), group = p.n_head / p.n_head_kv;
   const int hb = decode_heads_per_block(group);
   const size_t dec_smem = static_cast<size_t>(dec_smem_floats(p.head_dim_k, p.head_dim_v, hb)) * sizeof(float);
   if (p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && rows16 && dec_smem <= static_cast<size_t>(dl.smem_optin)) {
@@ -888,15 +932,15 @@ void launch_attention(const AttnParams& p) {
     }
     attn_decode_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                               static_cast<unsigned>(p.n_tok)),
-                         kDecThreads, dec_smem, p.stream>>>(p, n_split, hb);
+                         kDecThreads, dec_smem, p.stream>>>(p, n_split, hb, static_cast<int>(chunk / kAttnChunk));
   } else {
     attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
                                static_cast<unsigned>(p.n_tok)),
-                          kWarps * 32, 0, p.stream>>>(p, n_split);
+                          kWarps * 32, 0, p.stream>>>(p, n_split, chunk);
   }
   FRINK_CUDA_CHECK_LAUNCH();
   attn_merge_kernel<<<dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)), kMergeThreads, 0,
-                      p.stream>>>(p, n_split);
+                      p.stream>>>(p, n_split, chunk);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

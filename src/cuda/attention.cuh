@@ -17,8 +17,10 @@
 
 namespace frink::cuda {
 
-// Keys per split: small, so a long context gives thousands of blocks each costing one memory
-// round trip (decode at depth is then bandwidth bound); partial scratch grows as 1/chunk.
+// Keys per split in decode (n_tok < kAttnPrefillMinTok): small, so a long context gives
+// thousands of blocks each costing one memory round trip (decode at depth is then bandwidth
+// bound). Larger batches that take split-K (head dims above 128) use 8 such tiles per split,
+// as the partial scratch grows with n_tok x splits; attn_partial_floats has the sizing.
 inline constexpr int64_t kAttnChunk = 64;
 inline constexpr int64_t kAttnMaxHeadDim = 256;
 // Batches of at least this many queries (and head dims up to 128) take the tiled prefill

@@ -174,7 +174,8 @@ TEST(CudaAttention, DecodeSplitKMatchesReference) {
 
 // Prefill batches: the tensor-core kernel from kAttnMmaMinTok queries at head dims 64/128
 // (with pos0 > 0, partial query and key tiles, GQA, windows narrower than a tile, ALiBi,
-// sinks, softcap, and inputs beyond f16's range), the f32 tiled kernel for the rest.
+// sinks, softcap, and inputs beyond f16's range), the f32 tiled kernel for the rest, and
+// split-K with several 64-key tiles per split for head dims above 128.
 TEST(CudaAttention, PrefillMatchesReference) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(31);
@@ -191,7 +192,9 @@ TEST(CudaAttention, PrefillMatchesReference) {
       {8, 0, 4, 2, 128},                                    // below kAttnMmaMinTok: f32 tiled
       {100, 300, 8, 2, 128},                                // f32 tiled
       {140, 5, 4, 2, 72},                                   // head dim 72: f32 tiled
-      {160, 10, 4, 4, 256},                                 // head dim 256: split-K
+      {160, 10, 4, 4, 256},                                 // head dim 256: split-K, 512-key splits
+      {40, 1200, 8, 2, 256, 0.0f, 0, 700, false, true},     // ... a window starting inside a split
+      {20, 1500, 4, 1, 128, 30.0f, 4096, 0, true},          // head dim 128 below kAttnMmaMinTok: f32 tiled
   };
   for (const Case& c : cases) {
     const bool mma = !cuda::attn_uses_split_k(c.n_tok, c.hd, c.hd) && cuda::attn_uses_tensor_cores(c.n_tok, c.hd, c.hd);
