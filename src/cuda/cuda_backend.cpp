@@ -22,10 +22,22 @@
 // life. The last kMaxTokenGraphs graphs are kept by key, so sequences taking turns replay
 // their own. Mirror staleness is settled before the replay (prepare() uploads outside the
 // graph), so the replay always reads a mirror that agrees with its host cache.
+//
+// Gated delta nets (hybrids): a recurrent layer is ONE submission too (norm, projections,
+// gates, conv, the delta rule, gated norm, output projection, residual, FFN), enqueued on the
+// same stream, so a run of recurrent layers and the attention layers between them costs no
+// wait. The sequence's recurrent state lives in a RecurrentMirror that the kernels update in
+// place: nothing crosses to the host per token, the device is left AHEAD of the host's
+// RecurrentState (told at the wait, flush()), and the state pulls from here whenever the host
+// reads it (RecurrentDeviceLink::pull). Snapshots the state wants are copied to pinned
+// staging at their segment ends and saved into the state at flush(). In a token graph the
+// recurrent layers read and write the mirror's fixed addresses (part of the graph key), so
+// replays need nothing new; a snapshot after the token is copied out after the replay.
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +50,7 @@
 #include "core/log.h"
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/delta_net.cuh"
 #include "cuda/device_probe.h"
 #include "cuda/device_weights.h"
 #include "cuda/elementwise.cuh"
@@ -46,6 +59,7 @@
 #include "cuda/moe.cuh"
 #include "cuda/pick.cuh"
 #include "cuda/norm.cuh"
+#include "cuda/recurrent_mirror.h"
 #include "cuda/rope.cuh"
 
 namespace frink::cuda {
@@ -71,7 +85,7 @@ struct DevBuf {
   float* f() const { return static_cast<float*>(p); }
 };
 
-class CudaBackend final : public DeviceBackend {
+class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
  public:
   CudaBackend(const Model& m, const DeviceHooks& hooks);
   ~CudaBackend() override;
@@ -80,19 +94,42 @@ class CudaBackend final : public DeviceBackend {
   double peak_gbps() const override { return info_.peak_gbps; }
   Refusal check_layer(int64_t il) const override { return refusal_[static_cast<size_t>(il)]; }
   Refusal check_output() const override { return refusal_.back(); }
-  void begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches) override;
+  void begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches, RecurrentState* recurrent) override;
   void upload(const float* x) override;
   void download(float* x) override;
   void run_layer(int64_t il, KvCache& cache) override;
+  void run_recurrent_layer(int64_t il, RecurrentState& state) override;
   void output_logits(int64_t first, int64_t n, float* logits) override;
-  void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
-                 TokenPick* pick) override;
+  void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, RecurrentState* recurrent,
+                 float* logits, TokenPick* pick) override;
+  // RecurrentDeviceLink
+  void pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) override;
+  void forget(const RecurrentState& s) noexcept override;
 
  private:
   struct Pending {
     KvCache* cache;
     KvMirror* mirror;
     size_t k_off, v_off;  // floats into staging_
+  };
+  // What a token graph runs for one layer: an attention layer's mirror and staging, or a
+  // recurrent layer's state mirror.
+  struct LayerRun {
+    KvMirror* kv = nullptr;
+    Pending pd{};
+    RecurrentMirror* rec = nullptr;
+  };
+  // Recurrent work enqueued and not yet landed (flush tells the state the device is ahead),
+  // and snapshots on their way to the host (saved into the state at flush).
+  struct PendingRec {
+    RecurrentState* state;
+    RecurrentMirror* mirror;
+    int64_t layer;
+  };
+  struct PendingSnap {
+    RecurrentState* state;
+    int64_t pos, layer;
+    size_t conv_off, ssm_off;  // floats into snap_staging_
   };
   // Layer p's mirror of cache, made ready for n_new rows (staleness settled, room made, and
   // device memory found for a growth by evicting other sequences' mirrors if need be).
@@ -103,13 +140,23 @@ class CudaBackend final : public DeviceBackend {
   Pending add_pending(KvCache& cache, KvMirror& mirror);
   // The device work of layer il / of the head; max_keys bounds the attention grid.
   void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
+  // Gated delta net layer il on the batch, its recurrence cut at the batch-relative segment
+  // ends `ends` (ascending, the last n_tok_); when snap is set, the state after each end
+  // the state wants a snapshot of is copied out (stage_snapshot).
+  void enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends, RecurrentState* snap);
+  // x = x + proj(branch) (+ sandwich norm), x = x + ffn(ffn_norm(x)): the tail of a layer.
+  void enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj, const float* branch,
+                            int64_t branch_w);
+  // The sequence's recurrent mirror (made on first use; the state is linked to this backend).
+  RecurrentMirror& ready_recurrent(RecurrentState& s);
+  void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos);
+  void clear_pending();  // a failed batch's bookkeeping, forgotten
   void enqueue_head(int64_t first, int64_t n);
   // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k.
-  std::vector<uintptr_t> graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys, int pick_k) const;
-  cudaGraphExec_t capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds, int64_t max_keys,
-                                int pick_k);
-  cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
-                                  std::span<const Pending> pds, int64_t max_keys, int pick_k);
+  std::vector<uintptr_t> graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k) const;
+  cudaGraphExec_t capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k);
+  cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs, int64_t max_keys,
+                                  int pick_k);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual).
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
@@ -140,6 +187,14 @@ class CudaBackend final : public DeviceBackend {
   };
   std::unordered_map<const KvCache*, MirrorSlot> mirrors_;
   uint64_t batch_tick_ = 0;
+  // Recurrent state mirrors by host state. Each state is linked to this backend while its
+  // mirror exists; it tells us when it goes away (forget), and we detach from every state,
+  // pulling what is ahead, before we go away.
+  std::unordered_map<RecurrentState*, std::unique_ptr<RecurrentMirror>> rec_mirrors_;
+  std::vector<PendingRec> pending_rec_;
+  std::vector<PendingSnap> pending_snaps_;
+  float* snap_staging_ = nullptr;  // pinned: snapshot states on their way to the host
+  size_t snap_floats_ = 0, snap_used_ = 0;
 
   int64_t n_tok_ = 0, pos0_ = 0;
   DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
@@ -147,6 +202,9 @@ class CudaBackend final : public DeviceBackend {
   // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the
   // shared expert's output and gate logit.
   DevBuf moe_logits_, moe_ids_, moe_w_, moe_gu_, moe_hidden_, moe_y_, moe_sh_y_, moe_sh_g_;
+  // Gated delta net: the q|k|v projection and its conv output, z, the raw beta|alpha, the
+  // gates, the delta rule's output.
+  DevBuf gdn_qkv_, gdn_conv_, gdn_z_, gdn_ba_, gdn_beta_, gdn_g_, gdn_o_;
   size_t scratch_elems_ = 0;
   float* staging_ = nullptr;  // pinned: new K/V rows on their way to the host caches
   DevBuf dstage_;             // the same rows on the device, at the same offsets
@@ -192,6 +250,16 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
 }
 
 CudaBackend::~CudaBackend() {
+  // States that outlive this backend get what is ahead here first (a pull each), then forget
+  // it: their host copy is the truth again.
+  for (auto& [state, mirror] : rec_mirrors_) {
+    try {
+      state->detach_device(this);
+    } catch (const std::exception& e) {
+      FRINK_LOG_WARN("device: a recurrent state could not be copied back: {}", e.what());
+    }
+  }
+  rec_mirrors_.clear();
   cudaStreamSynchronize(stream_);
   for (TokenGraph& g : token_graphs_) cudaGraphExecDestroy(g.exec);
   FRINK_LOG_DEBUG("device: {} token graph capture(s), {} mirror eviction(s)", n_captures_, n_evictions_);
@@ -204,6 +272,7 @@ CudaBackend::~CudaBackend() {
   cudaFreeHost(pick_ids_host_);
   cudaFreeHost(pick_vals_host_);
   cudaFreeHost(staging_);
+  cudaFreeHost(snap_staging_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
 }
@@ -320,10 +389,12 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   launch_moe_combine(c);
 }
 
-void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches) {
+void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches,
+                              RecurrentState* recurrent) {
   // Rows still pending here belong to a batch that failed on the device (its error went up);
   // they never reached the host, and their mirrors, never caught up, re-upload when next used.
-  pending_.clear();
+  // Recurrent work pending likewise never landed: its mirror layers stay untrusted.
+  clear_pending();
   ++batch_tick_;
   // The batch's caches count as in use before any of them is readied, so making room for one
   // layer's mirror never evicts another layer of the same sequence.
@@ -334,7 +405,14 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   const Hparams& hp = m_.hp;
   int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd, part = 0;
   int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: router width, n_tok * k, (n_tok * k) * n_ff_exp
+  int64_t gdn_c = 0, gdn_v = 0, gdn_h = 0;    // delta net: conv channels, d_inner, value heads
   for (const LayerPlan& p : hp.layers) {
+    if (p.recurrent == RecurrentKind::kGatedDeltaNet) {
+      gdn_c = std::max(gdn_c, p.ssm.conv_channels());
+      gdn_v = std::max(gdn_v, p.ssm.d_inner);
+      gdn_h = std::max(gdn_h, p.ssm.n_v_head);
+      max_in = std::max(max_in, p.ssm.d_inner);  // ssm_out's input
+    }
     if (p.ffn == FfnKind::kMoe) {
       n_exp = std::max(n_exp, p.moe.n_expert);
       slots = std::max(slots, n_tok * p.moe.n_expert_used);
@@ -377,6 +455,33 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     moe_y_.ensure(static_cast<size_t>(slots * hp.n_embd) * sizeof(float));
     moe_sh_y_.ensure(fl(hp.n_embd));
     moe_sh_g_.ensure(fl(1));
+  }
+  if (gdn_c > 0) {
+    gdn_qkv_.ensure(fl(gdn_c));
+    gdn_conv_.ensure(fl(gdn_c));
+    gdn_z_.ensure(fl(gdn_v));
+    gdn_ba_.ensure(fl(2 * gdn_h));
+    gdn_beta_.ensure(fl(gdn_h));
+    gdn_g_.ensure(fl(gdn_h));
+    gdn_o_.ensure(fl(gdn_v));
+  }
+  // Snapshot staging: every position of the batch the state wants kept, times the state of
+  // every layer the device may run.
+  if (recurrent) {
+    int64_t n_snap = 0, per_snap = 0;
+    for (int64_t p = pos0 + 1; p <= pos0 + n_tok; ++p) n_snap += recurrent->wants_snapshot(p, pos0, pos0 + n_tok);
+    for (int64_t il = 0; il < hp.n_layer && n_snap > 0; ++il)
+      if (hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone &&
+          refusal_[static_cast<size_t>(il)] == Refusal::kNone)
+        per_snap += recurrent->shape(il).conv + recurrent->shape(il).ssm;
+    const size_t snap_need = static_cast<size_t>(n_snap * per_snap);
+    if (snap_need > snap_floats_) {  // nothing in flight reads it: every batch ends with a wait
+      FRINK_CUDA_CHECK(cudaFreeHost(snap_staging_));
+      snap_staging_ = nullptr;
+      snap_floats_ = 0;
+      FRINK_CUDA_CHECK(cudaMallocHost(&snap_staging_, snap_need * sizeof(float)));
+      snap_floats_ = snap_need;
+    }
   }
   if (n_tok > kMatvecMaxTok) {
     scratch_elems_ = matmul_scratch_elems(max_in, n_tok);
@@ -422,6 +527,20 @@ void CudaBackend::flush() {
     pd.mirror->caught_up(*pd.cache);
   }
   pending_.clear();
+  // In enqueue order, so snapshots are kept (and the oldest evicted) as the host body would.
+  for (const PendingSnap& ps : pending_snaps_)
+    ps.state->save_layer(ps.pos, ps.layer, snap_staging_ + ps.conv_off, snap_staging_ + ps.ssm_off);
+  pending_snaps_.clear();
+  snap_used_ = 0;
+  for (const PendingRec& pr : pending_rec_) pr.mirror->landed(*pr.state, pr.layer);
+  pending_rec_.clear();
+}
+
+void CudaBackend::clear_pending() {
+  pending_.clear();
+  pending_rec_.clear();
+  pending_snaps_.clear();
+  snap_used_ = 0;
 }
 
 MatmulParams CudaBackend::matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y,
@@ -668,10 +787,6 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   // attn_output = attn_output * torch.sigmoid(gate)   (gated attention)
   if (p.attn_out_gate) launch_sigmoid_mul(attn_.f(), attn_gate_.f(), n * p.n_head * p.head_dim_v, stream_);
   const int64_t o_in = p.n_head * p.head_dim_v;
-  // Decode batches add the residual in the products' epilogue (x = x + W h, one launch):
-  // where a sandwich norm sits between product and add, or a batch takes cuBLAS, the add
-  // stays a kernel. Bit for bit the same sum either way (x + o == o + x).
-  const bool fuse = n <= kMatvecMaxTok;
   if (p.parallel_residual) {
     // x + attn(ln(x)) + mlp(ln(x)): the FFN reads the same normed input (or its own norm)
     matmul(d.wo, attn_.f(), o_in, o_.f(), E);
@@ -681,11 +796,22 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     launch_add(x_.f(), x_.f(), o_.f(), f_.f(), n * E, stream_);
     return;
   }
+  enqueue_residual_ffn(p, d, d.wo, attn_.f(), o_in);
+}
+
+void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj,
+                                       const float* branch, int64_t branch_w) {
+  const int64_t E = m_.hp.n_embd, n = n_tok_;
+  const bool ln = m_.hp.norm == NormKind::kLayer;
+  // Decode batches add the residual in the products' epilogue (x = x + W h, one launch):
+  // where a sandwich norm sits between product and add, or a batch takes cuBLAS, the add
+  // stays a kernel. Bit for bit the same sum either way (x + o == o + x).
+  const bool fuse = n <= kMatvecMaxTok;
   // x = x + o_proj(attn_output) (+ the sandwich norm before the add)
   if (fuse && !p.post_attn_norm) {
-    matmul(d.wo, attn_.f(), o_in, x_.f(), E, x_.f());
+    matmul(proj, branch, branch_w, x_.f(), E, x_.f());
   } else {
-    matmul(d.wo, attn_.f(), o_in, o_.f(), E);
+    matmul(proj, branch, branch_w, o_.f(), E);
     if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
     launch_add(x_.f(), x_.f(), o_.f(), nullptr, n * E, stream_);
   }
@@ -698,6 +824,172 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     if (p.post_ffn_norm) norm_rows(d.post_ffn_norm, f_.f(), f_.f(), n, E, E, ln);
     launch_add(x_.f(), x_.f(), f_.f(), nullptr, n * E, stream_);
   }
+}
+
+void CudaBackend::run_recurrent_layer(int64_t il, RecurrentState& state) {
+  const LayerPlan& p = m_.hp.layers[static_cast<size_t>(il)];
+  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone && p.recurrent == RecurrentKind::kGatedDeltaNet,
+               "run_recurrent_layer on layer {}", il);
+  RecurrentMirror& rm = ready_recurrent(state);
+  rm.prepare(state, il, stream_);
+  // The host body's segments (cpu::recurrent_layer): cut after every position the state keeps
+  // a snapshot of, so the snapshot is the state there whatever the batch boundaries were.
+  std::vector<int64_t> ends;
+  for (int64_t pos = pos0_ + 1; pos <= pos0_ + n_tok_; ++pos)
+    if (pos == pos0_ + n_tok_ || state.wants_snapshot(pos, pos0_, pos0_ + n_tok_)) ends.push_back(pos - pos0_);
+  rm.running(il);  // before the first launch: a throw below leaves the copy untrusted
+  pending_rec_.push_back({&state, &rm, il});
+  enqueue_delta_net(il, rm, ends, &state);
+}
+
+// The host's delta_net_layer (cpu/recurrent_layer.cpp) step by step, every step on the device.
+void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends,
+                                    RecurrentState* snap) {
+  const Hparams& hp = m_.hp;
+  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  const DeviceLayer& d = w_.layer(il);
+  const SsmPlan& sp = p.ssm;
+  const int64_t E = hp.n_embd, n = n_tok_, C = sp.conv_channels(), dh = sp.d_state;
+  const int64_t nk = sp.n_group, nv = sp.n_v_head, V = sp.d_inner;
+  FRINK_ASSERT(!ends.empty() && ends.back() == n, "segments must end at the batch end");
+
+  // h = rms(x) * attn_norm; qkv = attn_qkv h; z = attn_gate h; beta, alpha = ssm_ba h (or ssm_beta h, ssm_alpha h)
+  norm_rows(d.attn_norm, x_.f(), h_.f(), n, E, E, hp.norm == NormKind::kLayer);
+  MatmulParams ps[4];
+  int n_ps = 0;
+  ps[n_ps++] = matmul_params(d.ssm_qkv, h_.f(), E, gdn_qkv_.f(), C);
+  ps[n_ps++] = matmul_params(d.ssm_z, h_.f(), E, gdn_z_.f(), V);
+  if (d.ssm_ba) {
+    ps[n_ps++] = matmul_params(d.ssm_ba, h_.f(), E, gdn_ba_.f(), 2 * nv);
+  } else {  // beta and alpha side by side, as the gates kernel reads them
+    ps[n_ps++] = matmul_params(d.ssm_beta, h_.f(), E, gdn_ba_.f(), 2 * nv);
+    ps[n_ps++] = matmul_params(d.ssm_alpha, h_.f(), E, gdn_ba_.f() + nv, 2 * nv);
+  }
+  launch_matmuls(ps, n_ps);  // one rounding of h for all of them
+  // beta = sigmoid(b); g = softplus(a + dt_bias) * ssm_a
+  DeltaGatesParams gp;
+  gp.ba = gdn_ba_.f();
+  gp.fused = static_cast<bool>(d.ssm_ba);
+  gp.n_tok = n;
+  gp.n_v_head = nv;
+  gp.n_k_head = nk;
+  gp.dt_bias = d.ssm_dt_b;
+  gp.a = d.ssm_a;
+  gp.beta = gdn_beta_.f();
+  gp.g = gdn_g_.f();
+  gp.stream = stream_;
+  launch_delta_gates(gp);
+
+  // Segment by segment: qkv = silu(conv1d(qkv)) against the conv state; q, k = l2norm(q),
+  // l2norm(k) per key head; o = gated_delta_rule(q / sqrt(d), k, v, g, beta) against the state.
+  int64_t b = 0;
+  for (const int64_t e : ends) {
+    ConvParams cp;
+    cp.x = gdn_qkv_.f() + b * C;
+    cp.x_stride = C;
+    cp.y = gdn_conv_.f() + b * C;
+    cp.y_stride = C;
+    cp.n_tok = e - b;
+    cp.channels = C;
+    cp.width = sp.d_conv;
+    cp.w = d.ssm_conv1d;
+    cp.bias = d.ssm_conv1d_b;
+    cp.state = rm.conv(il);
+    cp.stream = stream_;
+    launch_conv1d_silu(cp);
+    L2NormParams lp;
+    lp.x = gdn_conv_.f() + b * C;
+    lp.x_stride = C;
+    lp.n_tok = e - b;
+    lp.n_head = 2 * nk;  // q heads then k heads, contiguous
+    lp.n = dh;
+    lp.eps = hp.norm_eps;
+    lp.stream = stream_;
+    launch_l2_norm(lp);
+    DeltaRuleParams dp;
+    dp.qkv = gdn_conv_.f() + b * C;
+    dp.qkv_stride = C;
+    dp.beta = gdn_beta_.f() + b * nv;
+    dp.g = gdn_g_.f() + b * nv;
+    dp.out = gdn_o_.f() + b * V;
+    dp.out_stride = V;
+    dp.state = rm.ssm(il);
+    dp.n_tok = e - b;
+    dp.n_v_head = nv;
+    dp.n_k_head = nk;
+    dp.d = dh;
+    dp.kv_head_tiled = sp.kv_head_tiled;
+    dp.q_scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    dp.stream = stream_;
+    launch_delta_rule(dp);
+    if (snap && snap->wants_snapshot(pos0_ + e, pos0_, pos0_ + n)) stage_snapshot(*snap, rm, il, pos0_ + e);
+    b = e;
+  }
+
+  // o = rms(o) * ssm_norm * silu(z) per value head
+  norm_rows(DeviceNorm{d.ssm_norm, nullptr}, gdn_o_.f(), gdn_o_.f(), n * nv, dh, dh, false);
+  GluParams g;
+  g.gate = gdn_z_.f();
+  g.up = gdn_o_.f();
+  g.gate_stride = g.up_stride = V;
+  g.out = gdn_o_.f();  // element by element: each output is its own up input
+  g.n = V;
+  g.n_tok = n;
+  g.stream = stream_;
+  launch_glu(g);
+  // x = x + ssm_out(o); x = x + ffn(rms(x) * ffn_norm)
+  enqueue_residual_ffn(p, d, d.ssm_out, gdn_o_.f(), V);
+}
+
+void CudaBackend::stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos) {
+  const RecurrentState::LayerShape shape = s.shape(il);
+  const size_t conv_n = static_cast<size_t>(shape.conv), ssm_n = static_cast<size_t>(shape.ssm);
+  FRINK_ASSERT(snap_used_ + conv_n + ssm_n <= snap_floats_, "snapshot staging too small");
+  const PendingSnap ps{&s, pos, il, snap_used_, snap_used_ + conv_n};
+  // Stream-ordered: the copies read the state as it stands after this segment's kernels.
+  if (conv_n > 0)
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_ + ps.conv_off, rm.conv(il), conv_n * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+  if (ssm_n > 0)
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_ + ps.ssm_off, rm.ssm(il), ssm_n * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+  snap_used_ += conv_n + ssm_n;
+  pending_snaps_.push_back(ps);
+}
+
+RecurrentMirror& CudaBackend::ready_recurrent(RecurrentState& s) {
+  std::unique_ptr<RecurrentMirror>& slot = rec_mirrors_[&s];
+  if (!slot) {
+    std::vector<bool> on_device(static_cast<size_t>(m_.hp.n_layer));
+    for (int64_t il = 0; il < m_.hp.n_layer; ++il)
+      on_device[static_cast<size_t>(il)] = m_.hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone &&
+                                           refusal_[static_cast<size_t>(il)] == Refusal::kNone;
+    try {
+      slot = std::make_unique<RecurrentMirror>(s, on_device);
+    } catch (...) {
+      rec_mirrors_.erase(&s);
+      throw;
+    }
+    FRINK_LOG_DEBUG("device: recurrent state mirror of {:.1f} MiB", slot->bytes() / 1048576.0);
+  }
+  // A state still linked to another backend pulls from it and leaves it first.
+  s.attach_device(this);
+  return *slot;
+}
+
+void CudaBackend::pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) {
+  auto it = rec_mirrors_.find(const_cast<RecurrentState*>(&s));
+  FRINK_ASSERT(it != rec_mirrors_.end(), "pull from a state this device holds no copy of");
+  it->second->pull(layer, conv, ssm, stream_);
+}
+
+void CudaBackend::forget(const RecurrentState& s) noexcept {
+  auto it = rec_mirrors_.find(const_cast<RecurrentState*>(&s));
+  if (it == rec_mirrors_.end()) return;
+  cudaStreamSynchronize(stream_);  // no queued work may still write the buffers freed below
+  std::erase_if(pending_rec_, [&](const PendingRec& pr) { return pr.state == &s; });
+  std::erase_if(pending_snaps_, [&](const PendingSnap& ps) { return ps.state == &s; });
+  rec_mirrors_.erase(it);
 }
 
 // Final norm, output projection (and softcap) of residual rows [first, first + n) into
@@ -722,30 +1014,41 @@ void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
   flush();
 }
 
-std::vector<uintptr_t> CudaBackend::graph_key(std::span<KvMirror* const> mirrors, int64_t max_keys,
-                                             int pick_k) const {
+std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k) const {
   std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1)};
   for (const DevBuf* b : {&act_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
-                          &moe_sh_g_})
+                          &moe_sh_g_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
   key.push_back(reinterpret_cast<uintptr_t>(staging_));
   key.push_back(reinterpret_cast<uintptr_t>(dstage_.p));
   key.push_back(static_cast<uintptr_t>(max_keys));
-  for (KvMirror* mr : mirrors) {
-    key.push_back(reinterpret_cast<uintptr_t>(mr->k_rows(0)));
-    key.push_back(reinterpret_cast<uintptr_t>(mr->v_rows(0)));
+  for (size_t il = 0; il < runs.size(); ++il) {
+    const LayerRun& r = runs[il];
+    if (r.rec) {  // the state buffers the recurrent kernels update in place
+      key.push_back(reinterpret_cast<uintptr_t>(r.rec->conv(static_cast<int64_t>(il))));
+      key.push_back(reinterpret_cast<uintptr_t>(r.rec->ssm(static_cast<int64_t>(il))));
+    } else {
+      key.push_back(reinterpret_cast<uintptr_t>(r.kv->k_rows(0)));
+      key.push_back(reinterpret_cast<uintptr_t>(r.kv->v_rows(0)));
+    }
   }
   return key;
 }
 
-cudaGraphExec_t CudaBackend::capture_token(std::span<KvMirror* const> mirrors, std::span<const Pending> pds,
-                                           int64_t max_keys, int pick_k) {
+cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k) {
   // ThreadLocal: only this thread's calls are checked for capture safety (the host thread
   // pool never touches CUDA).
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    for (size_t il = 0; il < mirrors.size(); ++il) enqueue_layer(static_cast<int64_t>(il), *mirrors[il], pds[il], max_keys);
+    static constexpr int64_t kOneSegment[] = {1};  // a decode step: no cut; snapshots go after the replay
+    for (size_t il = 0; il < runs.size(); ++il) {
+      const LayerRun& r = runs[il];
+      if (r.rec)
+        enqueue_delta_net(static_cast<int64_t>(il), *r.rec, kOneSegment, nullptr);
+      else
+        enqueue_layer(static_cast<int64_t>(il), *r.kv, r.pd, max_keys);
+    }
     enqueue_head(0, 1);
     if (pick_k >= 0) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k
       launch_penalties(logits_.f(), pick_dev_, stream_);
@@ -773,15 +1076,15 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<KvMirror* const> mirrors, s
   return exec;
 }
 
-cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<KvMirror* const> mirrors,
-                                             std::span<const Pending> pds, int64_t max_keys, int pick_k) {
+cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs,
+                                             int64_t max_keys, int pick_k) {
   for (size_t i = 0; i < token_graphs_.size(); ++i)
     if (token_graphs_[i].key == key) {
       std::rotate(token_graphs_.begin() + static_cast<std::ptrdiff_t>(i),
                   token_graphs_.begin() + static_cast<std::ptrdiff_t>(i) + 1, token_graphs_.end());
       return token_graphs_.back().exec;
     }
-  cudaGraphExec_t exec = capture_token(mirrors, pds, max_keys, pick_k);
+  cudaGraphExec_t exec = capture_token(runs, max_keys, pick_k);
   if (token_graphs_.size() == kMaxTokenGraphs) {  // no replay is in flight: every token ends with a wait
     FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graphs_.front().exec));
     token_graphs_.erase(token_graphs_.begin());
@@ -790,36 +1093,49 @@ cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::sp
   return exec;
 }
 
-void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
-                            TokenPick* pick) {
+void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, RecurrentState* recurrent,
+                            float* logits, TokenPick* pick) {
   const Hparams& hp = m_.hp;
   FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
   FRINK_ASSERT((logits != nullptr) != (pick != nullptr), "run_token returns the logits or a pick, one of them");
-  begin_batch(1, pos0, caches);
+  begin_batch(1, pos0, caches, recurrent);
   // Everything that may synchronise, allocate or upload happens here, before the replay.
   const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
-  std::vector<KvMirror*> mirrors;
+  std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
   size_t part = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
     FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_token with refused layer {}", il);
+    if (p.recurrent != RecurrentKind::kNone) {
+      FRINK_ASSERT(recurrent, "run_token on recurrent layer {} without a recurrent state", il);
+      RecurrentMirror& rm = ready_recurrent(*recurrent);
+      rm.prepare(*recurrent, il, stream_);  // a stale copy is uploaded here, before the replay
+      runs[static_cast<size_t>(il)].rec = &rm;
+      continue;
+    }
     KvCache& cache = *caches[static_cast<size_t>(il)];
     FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
-    KvMirror& mirror = ready_mirror(cache, p, 1);
-    mirrors.push_back(&mirror);
+    runs[static_cast<size_t>(il)].kv = &ready_mirror(cache, p, 1);
     part = std::max(part, attn_partial_floats(1, max_keys, p.n_head, p.head_dim_v));
   }
   partial_.ensure(part * sizeof(float));
   logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
   upload(x);
-  std::vector<Pending> pds;
-  for (int64_t il = 0; il < hp.n_layer; ++il) pds.push_back(add_pending(*caches[static_cast<size_t>(il)], *mirrors[static_cast<size_t>(il)]));
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    LayerRun& r = runs[static_cast<size_t>(il)];
+    if (r.kv) {
+      r.pd = add_pending(*caches[static_cast<size_t>(il)], *r.kv);
+    } else {
+      r.rec->running(il);
+      pending_rec_.push_back({recurrent, r.rec, il});
+    }
+  }
   try {
     const int pick_k = pick ? pick->top_k : -1;
     FRINK_ASSERT(!pick || (pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
                            pick->n_pen >= 0 && pick->n_pen <= kPickMaxPenalties),
                  "device pick of top {} with {} penalties", pick_k, pick ? pick->n_pen : 0);
-    cudaGraphExec_t exec = token_graph_for(graph_key(mirrors, max_keys, pick_k), mirrors, pds, max_keys, pick_k);
+    cudaGraphExec_t exec = token_graph_for(graph_key(runs, max_keys, pick_k), runs, max_keys, pick_k);
     if (pick) {  // the step's pick parameters, after any capture, before the replay that reads them
       pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
       pick_host_->repeat = pick->repeat;
@@ -833,6 +1149,11 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
                                        cudaMemcpyHostToDevice, stream_));
     }
     FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    // The state after this token, where the state keeps one (every snapshot_interval-th
+    // position): copied out after the replay, so the graph never depends on the position.
+    if (recurrent && recurrent->wants_snapshot(pos0 + 1, pos0, pos0 + 1))
+      for (int64_t il = 0; il < hp.n_layer; ++il)
+        if (RecurrentMirror* rm = runs[static_cast<size_t>(il)].rec) stage_snapshot(*recurrent, *rm, il, pos0 + 1);
     if (logits)
       FRINK_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
@@ -855,7 +1176,7 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
     // alone and the next batch starts clean (the mirrors' rows past their seq_len are
     // overwritten by the next step).
     cudaStreamSynchronize(stream_);  // no queued copy may still read the pinned buffers
-    pending_.clear();
+    clear_pending();
     staging_used_ = staging_landed_ = 0;
     throw;
   }

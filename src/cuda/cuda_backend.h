@@ -1,5 +1,6 @@
 // The CUDA implementation of DeviceBackend (src/engine/device_backend.h): whole attention
-// layers on one stream against each sequence's KV mirror.
+// layers on one stream against each sequence's KV mirror, and whole gated-delta-net layers
+// against its recurrent state mirror (src/cuda/recurrent_mirror.h).
 #pragma once
 
 #include <memory>

@@ -9,6 +9,7 @@
 #include "cpu/ops.h"
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/delta_net.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/moe.cuh"
 
@@ -33,13 +34,32 @@ bool moe_ok(const LayerPlan& p, const LayerWeights& w) {
   return mp.n_ff_shexp == 0 || (w.ffn_gate_shexp && w.ffn_up_shexp && w.ffn_down_shexp);
 }
 
+// A recurrent layer: gated delta nets run (cuda/delta_net.cuh) when their head width and
+// conv width fit the kernels and the layer has the host body's shape (no sandwich norms, no
+// parallel residual: the host's delta_net_layer applies none); Mamba-2 is the host's.
+Refusal recurrent_refusal(const LayerPlan& p, const LayerWeights& w) {
+  if (p.recurrent != RecurrentKind::kGatedDeltaNet) return Refusal::kRecurrent;
+  const SsmPlan& s = p.ssm;
+  if (!delta_net_supported(s.d_state, s.d_conv) || s.head_v_dim() != s.d_state || p.parallel_residual ||
+      p.post_attn_norm || p.post_ffn_norm)
+    return Refusal::kShape;
+  if (!w.ssm_qkv || !w.ssm_z || !w.ssm_out || !w.ssm_conv1d || !w.ssm_dt_b || !w.ssm_a || !w.ssm_norm ||
+      !(w.ssm_ba || (w.ssm_beta && w.ssm_alpha)))
+    return Refusal::kShape;
+  if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
+  for (const Linear* l : {&w.ssm_qkv, &w.ssm_z, &w.ssm_ba, &w.ssm_beta, &w.ssm_alpha, &w.ssm_out, &w.ffn_gate,
+                          &w.ffn_up, &w.ffn_down})
+    if (!linear_ok(*l)) return Refusal::kQuantType;
+  return Refusal::kNone;
+}
+
 }  // namespace
 
 Refusal device_refusal(const Model& m, int64_t il) {
   if (il == m.hp.n_layer) return linear_ok(m.w.output) ? Refusal::kNone : Refusal::kQuantType;
   const LayerPlan& p = m.hp.layers[static_cast<size_t>(il)];
   const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
-  if (p.recurrent != RecurrentKind::kNone) return Refusal::kRecurrent;
+  if (p.recurrent != RecurrentKind::kNone) return recurrent_refusal(p, w);
   if (p.attn == AttnKind::kMla) return Refusal::kShape;  // latent attention: host only (src/cpu/mla_attention.h)
   if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
   if (p.qk_norm_full) return Refusal::kShape;
@@ -80,6 +100,20 @@ DeviceWeights::DeviceWeights(const Model& m) {
     d.post_attn_norm = nrm(w.post_attn_norm, hp.n_embd);
     d.ffn_norm = nrm(w.ffn_norm, hp.n_embd);
     d.post_ffn_norm = nrm(w.post_ffn_norm, hp.n_embd);
+    if (p.recurrent == RecurrentKind::kGatedDeltaNet) {
+      const SsmPlan& s = p.ssm;
+      d.ssm_qkv = linear(w.ssm_qkv);
+      d.ssm_z = linear(w.ssm_z);
+      d.ssm_ba = linear(w.ssm_ba);
+      d.ssm_beta = linear(w.ssm_beta);
+      d.ssm_alpha = linear(w.ssm_alpha);
+      d.ssm_out = linear(w.ssm_out);
+      d.ssm_conv1d = upload_vec(w.ssm_conv1d, s.conv_channels() * s.d_conv);
+      d.ssm_conv1d_b = upload_vec(w.ssm_conv1d_b, s.conv_channels());
+      d.ssm_dt_b = upload_vec(w.ssm_dt_b, s.n_v_head);
+      d.ssm_a = upload_vec(w.ssm_a, s.n_v_head);
+      d.ssm_norm = upload_vec(w.ssm_norm, s.head_v_dim());
+    }
     d.wq = linear(w.wq);
     d.wk = linear(w.wk);
     d.wv = linear(w.wv);

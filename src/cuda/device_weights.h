@@ -52,6 +52,17 @@ struct DeviceLayer {
   DeviceExperts gate_exps, up_exps, gate_up_exps, down_exps;
   DeviceLinear gate_shexp, up_shexp, down_shexp;
   DeviceLinear gate_inp_shexp;          // the shared expert's gate logit: n_embd -> 1 (f32)
+  // Gated delta net (plan.recurrent == kGatedDeltaNet); C = conv_channels, model/weights.h
+  DeviceLinear ssm_qkv;                 // n_embd -> q | k | v (C)
+  DeviceLinear ssm_z;                   // n_embd -> z (d_inner)
+  DeviceLinear ssm_ba;                  // n_embd -> per key head [beta | alpha], or null:
+  DeviceLinear ssm_beta, ssm_alpha;     // n_embd -> n_v_head each
+  DeviceLinear ssm_out;                 // d_inner -> n_embd
+  const float* ssm_conv1d = nullptr;    // [C][d_conv]: channel c's taps, oldest input first
+  const float* ssm_conv1d_b = nullptr;  // [C] or null
+  const float* ssm_dt_b = nullptr;      // [n_v_head]
+  const float* ssm_a = nullptr;         // [n_v_head]: -exp(A_log)
+  const float* ssm_norm = nullptr;      // [head_v_dim]
 };
 
 // Why layer il (or, for il == n_layer, the output head) cannot run on the device; pure.

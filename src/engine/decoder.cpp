@@ -41,14 +41,12 @@ Decoder::Decoder(const Model& m, DecoderOptions opts)
   token_graph_ = whole_token_on_device();
 }
 
-// Decode steps may go to run_token when nothing would take the host path: every layer an
-// attention layer the device takes, and the head.
+// Decode steps may go to run_token when nothing would take the host path: every layer
+// (attention or gated delta net) and the head on the device.
 bool Decoder::whole_token_on_device() const {
   if (!device_ || opts_.hooks.no_token_graph) return false;
-  for (int64_t il = 0; il <= m_.hp.n_layer; ++il) {
-    if (il < m_.hp.n_layer && m_.hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone) return false;
+  for (int64_t il = 0; il <= m_.hp.n_layer; ++il)
     if (ask_device(il) != Refusal::kNone) return false;
-  }
   return true;
 }
 
@@ -121,38 +119,40 @@ void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* lo
   const bool count = opts_.device != DeviceChoice::kCpu;
   std::vector<float> x(static_cast<size_t>(n * hp.n_embd));
   cpu::embed_tokens(m_, tokens, n, x.data());
-  // The sequence's attention caches, as the device sees them (every layer's when the whole
-  // token runs there: token_graph_ implies no recurrent layer).
+  // The sequence's caches, every layer's (a recurrent layer's stays empty), as the device
+  // sees them, and its recurrent state (the device keeps its own copy of the layers it runs;
+  // a host layer body reading the state pulls that copy first: RecurrentState's rule).
   std::vector<KvCache*> caches;
   if (device_)
-    for (int64_t il = 0; il < hp.n_layer; ++il)
-      if (hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone) caches.push_back(&s.cache(il));
+    for (int64_t il = 0; il < hp.n_layer; ++il) caches.push_back(&s.cache(il));
+  RecurrentState* rec = s.recurrent().empty() ? nullptr : &s.recurrent();
   if (token_graph_ && n == 1 && (logits_out || pick)) {
     for (int64_t il = 0; il <= hp.n_layer; ++il) refusals_.add(Refusal::kNone);
-    device_->run_token(pos0, x.data(), caches, logits_out, pick);
+    device_->run_token(pos0, x.data(), caches, rec, logits_out, pick);
     ++whole_token_steps_;
     s.commit(tokens, n);
     return;
   }
-  if (device_) device_->begin_batch(n, pos0, caches);
+  if (device_) device_->begin_batch(n, pos0, caches, rec);
   bool x_on_device = false;  // where the current residual lives
   for (int64_t il = 0; il < hp.n_layer; ++il) {
-    if (hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone) {  // host only, for now
-      if (x_on_device) device_->download(x.data());
-      x_on_device = false;
-      cpu::recurrent_layer(m_, il, s.recurrent(), x.data(), n, pos0, s.recurrent().delta_chunk(), pool_);
-      continue;
-    }
+    const bool recurrent = hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone;
     const Refusal r = ask_device(il);
     if (count) refusals_.add(r);
     if (r == Refusal::kNone) {
       if (!x_on_device) device_->upload(x.data());
       x_on_device = true;
-      device_->run_layer(il, s.cache(il));
+      if (recurrent)
+        device_->run_recurrent_layer(il, s.recurrent());
+      else
+        device_->run_layer(il, s.cache(il));
     } else {
       if (x_on_device) device_->download(x.data());
       x_on_device = false;
-      cpu::attention_layer(m_, il, s.cache(il), x.data(), n, pos0, pool_);
+      if (recurrent)
+        cpu::recurrent_layer(m_, il, s.recurrent(), x.data(), n, pos0, s.recurrent().delta_chunk(), pool_);
+      else
+        cpu::attention_layer(m_, il, s.cache(il), x.data(), n, pos0, pool_);
     }
   }
   const int64_t first = all_logits ? 0 : n - 1, n_out = all_logits ? n : 1;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/recurrent_state.h"
 
 namespace frink {
 
@@ -31,7 +32,7 @@ enum class Refusal : uint8_t {
   kShape,         // a head width or layout the kernels were not written for
   kRope,          // a RoPE variant the device does not implement
   kMoe,           // a mixture-of-experts FFN the device does not route (group-limited, > 512 experts)
-  kRecurrent,     // a recurrent layer (gated delta net, Mamba-2): the host runs them
+  kRecurrent,     // a recurrent layer the device does not run (Mamba-2); gated delta nets run
   kCount,
 };
 
@@ -103,9 +104,16 @@ struct TokenPick {
 // between device layers, so consecutive device layers cost no host round trip; the Decoder
 // moves it with upload()/download() only where a refusing layer sits between them.
 //
-// Call order per batch: begin_batch, then per layer check_layer and, on kNone, run_layer;
-// upload/download around host layers; finally output_logits or download. Every method but
-// the check_* ones may throw frink::Error on a device failure.
+// Call order per batch: begin_batch, then per layer check_layer and, on kNone, run_layer
+// (an attention layer) or run_recurrent_layer; upload/download around host layers; finally
+// output_logits or download. Every method but the check_* ones may throw frink::Error on a
+// device failure.
+//
+// Recurrent state: a device that runs recurrent layers keeps the sequence's state on the
+// device and links itself to the RecurrentState (RecurrentDeviceLink); after a batch it may
+// hold a NEWER state than the host, which the RecurrentState pulls on any host access
+// (src/kv/recurrent_state.h). So a host layer, a snapshot, a rewind or a copy of the session
+// always sees the truth, and the Decoder needs to do nothing about it.
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -120,9 +128,11 @@ class DeviceBackend {
   virtual Refusal check_output() const = 0;
 
   // Sizes the batch's device buffers for n_tok tokens at positions [pos0, pos0 + n_tok).
-  // caches: the sequence's host caches of its attention layers, which the batch will use
-  // (their mirrors are then never evicted to make room for one another).
-  virtual void begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches) = 0;
+  // caches: the sequence's host caches, which the batch will use (their mirrors are then
+  // never evicted to make room for one another); a recurrent layer's (empty) cache may be
+  // among them. recurrent: the sequence's recurrent state, or null when it has none.
+  virtual void begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches,
+                           RecurrentState* recurrent) = 0;
   // Host residual [n_tok][n_embd] -> device (after embedding, or after a host layer).
   virtual void upload(const float* x) = 0;
   // Waits for the device, appends every pending K/V row to its host cache, and copies the
@@ -132,6 +142,12 @@ class DeviceBackend {
   // sequence's host cache for that layer (cache.rows() == pos0). Nothing waits: the new K/V
   // rows reach the host cache at the next download/output_logits.
   virtual void run_layer(int64_t il, KvCache& cache) = 0;
+  // Enqueues recurrent layer `il` (precondition: check_layer(il) == kNone) against the
+  // sequence's recurrent state, which the device then holds ahead of the host for that layer
+  // (pulled on any host access). The snapshots the state wants inside or at the end of the
+  // batch (wants_snapshot) reach it at the next download/output_logits, as the host body
+  // would have saved them.
+  virtual void run_recurrent_layer(int64_t il, RecurrentState& state) = 0;
   // Final norm and output projection of the device residual's rows [first, first + n),
   // into logits [n][n_vocab]; waits, and flushes pending K/V rows like download().
   virtual void output_logits(int64_t first, int64_t n, float* logits) = 0;
@@ -139,11 +155,13 @@ class DeviceBackend {
   // A whole decode step at once (DESIGN.md section 4), when every layer and the head run
   // here: host residual x [n_embd] of the token at position pos0 in; out, exactly one of:
   // logits [n_vocab], or the next token chosen on the device (pick, see TokenPick).
-  // caches[il] is layer il's host cache (rows() == pos0). One submission and one wait; on
-  // return the new K/V rows are in the host caches. The same arithmetic as begin_batch(1,
-  // pos0, caches), upload, run_layer for each layer and output_logits(0, 1), bit for bit.
-  virtual void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, float* logits,
-                         TokenPick* pick) = 0;
+  // caches[il] is layer il's host cache (rows() == pos0; a recurrent layer's is unused);
+  // recurrent: the sequence's recurrent state (null when it has none). One submission and
+  // one wait; on return the new K/V rows are in the host caches and the recurrent layers are
+  // ahead on the device. The same arithmetic as begin_batch(1, pos0, caches, recurrent),
+  // upload, run_layer / run_recurrent_layer for each layer and output_logits(0, 1), bit for bit.
+  virtual void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, RecurrentState* recurrent,
+                         float* logits, TokenPick* pick) = 0;
 };
 
 }  // namespace frink

@@ -1,8 +1,9 @@
 // The device's refusal predicate (cuda::device_refusal) on the llama.cpp model files. It is
 // pure (no device call), so it runs wherever the CUDA code is built, GPU or not: CI checks
-// it. Each layer gets the reason its kind should get: recurrent layers kRecurrent (the host
+// it. Each layer gets the reason its kind should get: Mamba-2 layers kRecurrent (the host
 // runs them), latent attention and whole-projection QK norm kShape, and every kind the
-// device runs (windows, ALiBi, sinks, softcaps, mixtures of experts, gated attention) kNone.
+// device runs (windows, ALiBi, sinks, softcaps, mixtures of experts, gated attention, gated
+// delta nets) kNone.
 // Each feature is asserted present in its file, so the test cannot pass vacuously.
 #include <string>
 
@@ -18,7 +19,7 @@ namespace frink::test {
 namespace {
 
 Refusal expected(const LayerPlan& p) {
-  if (p.recurrent != RecurrentKind::kNone) return Refusal::kRecurrent;
+  if (p.recurrent == RecurrentKind::kMamba2) return Refusal::kRecurrent;
   if (p.attn == AttnKind::kMla || p.qk_norm_full) return Refusal::kShape;
   if (p.ffn == FfnKind::kMoe && p.moe.n_group > 1 && p.moe.n_group_used < p.moe.n_group) return Refusal::kMoe;
   return Refusal::kNone;
@@ -27,7 +28,7 @@ Refusal expected(const LayerPlan& p) {
 TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
   FRINK_REQUIRE_SHARED();
   struct Seen {
-    int window = 0, alibi = 0, sinks = 0, moe = 0, gated = 0, recurrent = 0, mla = 0, ran = 0;
+    int window = 0, alibi = 0, sinks = 0, moe = 0, gated = 0, delta_net = 0, recurrent = 0, mla = 0, ran = 0;
   } seen;
   for (const char* name : {"llama-dense", "qwen2-dense", "qwen3-dense", "mistral3-dense", "phi3-dense", "gemma2-dense",
                            "bloom-dense", "llama-moe", "qwen3moe-moe", "olmoe-moe", "gpt-oss-moe", "deepseek2-moe",
@@ -50,6 +51,7 @@ TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
       seen.sinks += p.attn_sinks;
       seen.moe += p.ffn == FfnKind::kMoe;
       seen.gated += p.attn_out_gate;
+      seen.delta_net += p.recurrent == RecurrentKind::kGatedDeltaNet;
     }
     EXPECT_EQ(refusal_name(cuda::device_refusal(*m, m->hp.n_layer)), refusal_name(Refusal::kNone)) << name << " head";
   }
@@ -59,10 +61,12 @@ TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
   EXPECT_GT(seen.sinks, 0);
   EXPECT_GT(seen.moe, 0);
   EXPECT_GT(seen.gated, 0);
+  EXPECT_GT(seen.delta_net, 0);
   EXPECT_GT(seen.recurrent, 0);
   EXPECT_GT(seen.mla, 0);
-  std::printf("[plan] device runs %d layers of the llama.cpp files; %d recurrent and %d latent-attention refuse\n",
-              seen.ran, seen.recurrent, seen.mla);
+  std::printf("[plan] device runs %d layers of the llama.cpp files (%d gated delta nets); %d recurrent and %d "
+              "latent-attention refuse\n",
+              seen.ran, seen.delta_net, seen.recurrent, seen.mla);
 }
 
 }  // namespace
