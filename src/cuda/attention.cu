@@ -16,9 +16,12 @@
 //   per thread over every split, ~0.5 us of L2 latency per split); expected a few us per
 //   layer at 512 splits.
 // - Prefill (n_tok >= kAttnMmaMinTok, head dim 64/128): flash-attention on tensor cores
-//   (mma.sync m16n8k16, f16 inputs converted from the f32 mirror while staging, f32
-//   accumulate and softmax). Expected pp512 at depth 16384 on 8B: attention from ~1 s to
-//   ~30 ms per batch. Smaller batches and other head dims keep the exact f32 tiled kernel.
+//   (mma.sync m16n8k16, f16 inputs converted from the f32 mirror rows in shared memory, f32
+//   accumulate and softmax; the next K/V tile's cp.async copies fly during the current
+//   tile's products). 2 blocks per SM (239 registers, 101 KiB shared at head dim 128).
+//   Expected pp512 at depth 16384 on 8B: attention from ~1.1 s to ~15-25 ms per batch
+//   (pp512 ~450 -> ~5000 t/s); depth 4096 ~4-6 ms (1630 -> ~6000 t/s). Smaller batches and
+//   other head dims keep the exact f32 tiled kernel (or split-K above 128).
 // - Per-head split-K kernel (attn_partial_kernel) stays for head dims not a multiple of 4 or
 //   unaligned mirrors; it writes the same partials for the same merge.
 #include "cuda/attention.cuh"
@@ -320,10 +323,27 @@ __global__ void __launch_bounds__(kTileWarps * 32) attn_prefill_kernel(AttnParam
     if (lane + 32 * i < hdv) out[lane + 32 * i] = st.acc[i] * c / l;
 }
 
+// 16 bytes global -> shared without a register round trip (cp.async, sm_80+), so a thread
+// has all its loads of a tile in flight at once; a plain copy before sm_80.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<float4*>(smem) = *reinterpret_cast<const float4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // Causal prefill on tensor cores (flash-attention 2's loop): grid (ceil(n_tok / kMmaRows),
 // n_head), kMmaWarps warps; warp w owns query rows t0 + 16 w .. + 15 and the block walks its
-// keys in tiles of kMmaKeys. Q (once) and each K/V tile are converted from the f32 rows to
-// f16 while staged in shared memory; S = Q K^T and O += P V are mma.sync m16n8k16 (f16 in,
+// keys in tiles of kMmaKeys. Each K/V tile lands in shared memory as f32 by cp.async (the
+// next tile's copies are issued before the current tile's products, so its memory latency
+// hides behind them), then is converted to f16 tiles; Q is converted once. S = Q K^T and O += P V are mma.sync m16n8k16 (f16 in,
 // f32 accumulate); scale, softcap, ALiBi, masks (causal, window) and the online softmax act
 // on the S fragments in f32; P goes to f16 for the P V product straight from the S registers
 // (an m16n8 accumulator pair is an m16k16 A fragment). Fragment layouts (PTX ISA, mma.m16n8k16,
@@ -340,9 +360,11 @@ constexpr float kF16Safe = 60000.0f, kF16Down = 1.0f / 32768.0f, kF16Up = 32768.
 
 template <int D>
 struct MmaTile {
-  __half k[kMmaKeys][D + 8];   // Q first, then each K tile; stride D + 8 halves = 4 mod 32 words:
-                               // the 8 row groups x 4 lanes of a fragment load hit 32 banks
-  __half vt[D][kMmaKeys + 8];  // V tile transposed; same padding argument (36 words)
+  float kraw[kMmaKeys][D + 4];  // the next K/V tile as f32 rows (cp.async): rows padded by 4
+  float vraw[kMmaKeys][D + 4];  // floats (16-byte aligned) so V's paired-row reads spread banks
+  __half k[kMmaKeys][D + 8];    // Q first, then each K tile; stride D + 8 halves = 4 mod 32 words:
+                                // the 8 row groups x 4 lanes of a fragment load hit 32 banks
+  __half vt[D][kMmaKeys + 8];   // V tile transposed; same padding argument (36 words)
 };
 static_assert(kMmaRows == kMmaKeys, "Q is staged in the K tile's buffer");
 
@@ -370,76 +392,67 @@ __device__ __forceinline__ void store_half4(__half* dst, float4 x) {  // dst 8-b
   *reinterpret_cast<uint2*>(dst) = make_uint2(pack_half2(x.x, x.y), pack_half2(x.z, x.w));
 }
 
-// Rows [0, n_rows) of the [kMmaKeys][D] f32 block at src (row stride `stride` floats, 16-byte
-// aligned rows) times mul into the tile's k buffer; rows past n_rows are zeros. Returns whether
-// this thread saw a value f16 cannot hold. Loads first, then converts: all in flight at once.
+// Rows [0, n_rows) of the K and V tiles starting at key j0 (KV head hk) into kraw / vraw by
+// cp.async (each thread's copies in flight at once, no registers held); rows past n_rows are
+// zeros. Completed by cp_async_wait_all and a barrier.
 template <int D>
-__device__ __forceinline__ bool stage_rows(MmaTile<D>& sm, const float* src, int64_t stride, int n_rows, float mul) {
-  // In batches of 8 float4 per thread: enough loads in flight, few registers (the kernel holds
-  // Q's fragments and O's accumulators meanwhile).
-  constexpr int kIters = kMmaKeys * D / 4 / (kMmaWarps * 32), kBatch = kIters < 8 ? kIters : 8;
+__device__ __forceinline__ void issue_tile(MmaTile<D>& sm, const AttnParams& p, int64_t hk, int64_t j0, int n_rows) {
+  const int64_t kw = p.n_head_kv * D;  // head_dim_k == head_dim_v == D
+  const float* ksrc = p.k + j0 * kw + hk * D;
+  const float* vsrc = p.v + j0 * kw + hk * D;
+  for (int i = threadIdx.x; i < kMmaKeys * D / 4; i += kMmaWarps * 32) {
+    const int r = i / (D / 4), c = i % (D / 4);
+    if (r < n_rows) {
+      cp_async16(&sm.kraw[r][4 * c], ksrc + r * kw + 4 * c);
+      cp_async16(&sm.vraw[r][4 * c], vsrc + r * kw + 4 * c);
+    } else {
+      *reinterpret_cast<float4*>(&sm.kraw[r][4 * c]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      *reinterpret_cast<float4*>(&sm.vraw[r][4 * c]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+}
+
+// kraw times mul into the f16 K tile. Returns whether this thread saw a value f16 cannot hold.
+template <int D>
+__device__ __forceinline__ bool convert_k(MmaTile<D>& sm, float mul) {
   bool big = false;
-#pragma unroll 1
-  for (int b0 = 0; b0 < kIters; b0 += kBatch) {
-    float4 x[kBatch];
-#pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int i = threadIdx.x + (b0 + it) * kMmaWarps * 32, r = i / (D / 4), c = i % (D / 4);
-      x[it] = r < n_rows ? *reinterpret_cast<const float4*>(src + r * stride + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int i = threadIdx.x + (b0 + it) * kMmaWarps * 32, r = i / (D / 4), c = i % (D / 4);
-      const float4 y = mul4(x[it], mul);
-      big |= f16_unsafe(y);
-      store_half4(&sm.k[r][4 * c], y);
-    }
+  for (int i = threadIdx.x; i < kMmaKeys * D / 4; i += kMmaWarps * 32) {
+    const int r = i / (D / 4), c = i % (D / 4);
+    const float4 y = mul4(*reinterpret_cast<const float4*>(&sm.kraw[r][4 * c]), mul);
+    big |= f16_unsafe(y);
+    store_half4(&sm.k[r][4 * c], y);
   }
   return big;
 }
 
-// The V tile: rows [0, n_rows) of src transposed into vt (zeros past n_rows). A thread takes
-// keys 2 pr, 2 pr + 1 and 4 columns, and stores 4 words (a pair of keys each); lanes: 8 key
-// pairs x 4 column groups, so each global row is read 64 contiguous bytes at a time.
+// vraw times mul into the f16 V tile, transposed. A thread takes keys 2 pr, 2 pr + 1 and 4
+// columns and stores 4 words (a pair of keys each); lanes: 8 key pairs x 4 column groups.
 template <int D>
-__device__ __forceinline__ bool stage_v(MmaTile<D>& sm, const float* src, int64_t stride, int n_rows, float mul) {
-  constexpr int kIters = kMmaKeys / 2 * D / 4 / (kMmaWarps * 32), kBatch = kIters < 4 ? kIters : 4;
+__device__ __forceinline__ bool convert_v(MmaTile<D>& sm, float mul) {
   bool big = false;
-#pragma unroll 1
-  for (int b0 = 0; b0 < kIters; b0 += kBatch) {
-    float4 xa[kBatch], xb[kBatch];
-#pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int i = threadIdx.x + (b0 + it) * kMmaWarps * 32, pl = i % 8, rest = i / 8, c = rest % (D / 4);
-      const int r = 2 * ((rest / (D / 4)) * 8 + pl);
-      const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      xa[it] = r < n_rows ? *reinterpret_cast<const float4*>(src + r * stride + 4 * c) : z;
-      xb[it] = r + 1 < n_rows ? *reinterpret_cast<const float4*>(src + (r + 1) * stride + 4 * c) : z;
-    }
-#pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int i = threadIdx.x + (b0 + it) * kMmaWarps * 32, pl = i % 8, rest = i / 8, c = rest % (D / 4);
-      const int r = 2 * ((rest / (D / 4)) * 8 + pl);
-      const float4 a = mul4(xa[it], mul), b = mul4(xb[it], mul);
-      big |= f16_unsafe(a) || f16_unsafe(b);
-      *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 0][r]) = pack_half2(a.x, b.x);
-      *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 1][r]) = pack_half2(a.y, b.y);
-      *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 2][r]) = pack_half2(a.z, b.z);
-      *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 3][r]) = pack_half2(a.w, b.w);
-    }
+  for (int i = threadIdx.x; i < kMmaKeys / 2 * D / 4; i += kMmaWarps * 32) {
+    const int pl = i % 8, rest = i / 8, c = rest % (D / 4);
+    const int r = 2 * ((rest / (D / 4)) * 8 + pl);
+    const float4 a = mul4(*reinterpret_cast<const float4*>(&sm.vraw[r][4 * c]), mul);
+    const float4 b = mul4(*reinterpret_cast<const float4*>(&sm.vraw[r + 1][4 * c]), mul);
+    big |= f16_unsafe(a) || f16_unsafe(b);
+    *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 0][r]) = pack_half2(a.x, b.x);
+    *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 1][r]) = pack_half2(a.y, b.y);
+    *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 2][r]) = pack_half2(a.z, b.z);
+    *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 3][r]) = pack_half2(a.w, b.w);
   }
   return big;
 }
 
 template <int D>
 __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnParams p) {
-  __shared__ __align__(16) MmaTile<D> sm;
+  extern __shared__ float4 mma_smem_raw[];  // dynamic: over 48 KiB with the f32 staging
+  MmaTile<D>& sm = *reinterpret_cast<MmaTile<D>*>(mma_smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
   const int64_t h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int n_rows = static_cast<int>(min(static_cast<int64_t>(kMmaRows), p.n_tok - t0));
   const int64_t block_first = key_range(p, t0).first, block_end = key_range(p, t0 + n_rows - 1).end;
-  const int64_t kw = p.n_head_kv * D;  // head_dim_k == head_dim_v == D
   // This thread's rows of S and O: r = 0 (row g of the warp's 16) and r = 1 (row g + 8).
   // Rows past n_tok compute on zero queries and are never written.
   const int64_t trow[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
@@ -450,6 +463,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
   // queries into f16 subnormals) into A fragments for the D / 16 k-steps.
   uint32_t qa[D / 16][4];
   float qmul = 1.0f;
+  issue_tile<D>(sm, p, hk, block_first, static_cast<int>(min(static_cast<int64_t>(kMmaKeys), block_end - block_first)));
   {
     const float* qsrc = p.q + t0 * p.q_stride + h * D;
     // Q rows need not be 16-byte aligned (q_stride is the caller's): scalar loads.
@@ -493,24 +507,28 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's columns only
 
   for (int64_t j0 = block_first; j0 < block_end; j0 += kMmaKeys) {
-    const int n_tile = static_cast<int>(min(static_cast<int64_t>(kMmaKeys), block_end - j0));
-    const float* ksrc = p.k + j0 * kw + hk * D;
-    const float* vsrc = p.v + j0 * kw + hk * D;
-    __syncthreads();  // every warp is done with the previous tile (and with Q's staging)
-    const bool kbig = __syncthreads_or(stage_rows<D>(sm, ksrc, kw, n_tile, 1.0f));
-    const bool vbig = __syncthreads_or(stage_v<D>(sm, vsrc, kw, n_tile, 1.0f));
+    cp_async_wait_all();
+    __syncthreads();  // the tile's f32 rows landed; every warp is done with the previous f16
+                      // tiles (and with Q's staging)
+    const bool kbig = __syncthreads_or(convert_k<D>(sm, 1.0f));
+    const bool vbig = __syncthreads_or(convert_v<D>(sm, 1.0f));
     float kmul = 1.0f, vmul = 1.0f;
-    if (kbig || vbig) {  // rare, block-uniform: restage the offending operand scaled down
+    if (kbig || vbig) {  // rare, block-uniform: convert the offending operand again, scaled down
       if (kbig) {
         kmul = kF16Down;
-        stage_rows<D>(sm, ksrc, kw, n_tile, kmul);
+        convert_k<D>(sm, kmul);
       }
       if (vbig) {
         vmul = kF16Down;
-        stage_v<D>(sm, vsrc, kw, n_tile, vmul);
+        convert_v<D>(sm, vmul);
       }
       __syncthreads();
     }
+    // kraw / vraw are free (every thread is past its conversions): the next tile's copies
+    // now, in flight while this tile's products run.
+    if (j0 + kMmaKeys < block_end)
+      issue_tile<D>(sm, p, hk, j0 + kMmaKeys,
+                    static_cast<int>(min(static_cast<int64_t>(kMmaKeys), block_end - j0 - kMmaKeys)));
 
     // S = Q K^T for this warp's 16 rows x kMmaKeys keys.
     float s[kMmaKeys / 8][4];
@@ -616,22 +634,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
       out[8 * n + 2 * q4 + 1] = o[n][2 * r + 1] * f;
     }
   }
-}
-
-// 16 bytes global -> shared without a register round trip (cp.async, sm_80+), so a thread
-// has all its loads of a tile in flight at once; a plain copy before sm_80.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *reinterpret_cast<float4*>(smem) = *reinterpret_cast<const float4*>(gmem);
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
 }
 
 // Split-K decode, grid (n_split, n_head / hb, n_tok), kDecThreads threads: one block is one
@@ -880,6 +882,20 @@ DeviceLimits device_limits() {
   return d;
 }
 
+// Above 48 KiB of dynamic shared memory a kernel must opt in: once per (kernel slot, device),
+// because the call may wait for copies in flight (it enqueues nothing, so flash-attention
+// makes it even while a graph is captured).
+void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits& dl) {
+  static std::atomic<bool> opted[3][kMaxDevices];
+  if (bytes <= 48 * 1024) return;
+  int dev = 0;
+  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < kMaxDevices && opted[slot][dev].load(std::memory_order_acquire)) return;
+  FRINK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(std::min<size_t>(bytes, static_cast<size_t>(dl.smem_optin)))));
+  if (dev < kMaxDevices) opted[slot][dev].store(true, std::memory_order_release);
+}
+
 // Query heads per decode block: the largest divisor of the group up to kDecMaxHeads.
 int decode_heads_per_block(int64_t group) {
   for (int hb = kDecMaxHeads; hb > 1; --hb)
@@ -899,12 +915,17 @@ void launch_attention(const AttnParams& p) {
   const bool rows16 = aligned16(p.k) && aligned16(p.v);  // K/V rows as float4: base aligned, widths % 4
   if (!attn_uses_split_k(p.n_tok, p.head_dim_k, p.head_dim_v)) {
     const unsigned n_head = static_cast<unsigned>(p.n_head);
-    if (attn_uses_tensor_cores(p.n_tok, p.head_dim_k, p.head_dim_v) && dl.major >= 8 && rows16) {
+    const size_t mma_smem = p.head_dim_k == 64 ? sizeof(MmaTile<64>) : sizeof(MmaTile<128>);
+    if (attn_uses_tensor_cores(p.n_tok, p.head_dim_k, p.head_dim_v) && dl.major >= 8 && rows16 &&
+        mma_smem <= static_cast<size_t>(dl.smem_optin)) {
       const unsigned n_blk = static_cast<unsigned>((p.n_tok + kMmaRows - 1) / kMmaRows);
-      if (p.head_dim_k == 64)
-        attn_prefill_mma_kernel<64><<<dim3(n_blk, n_head), kMmaWarps * 32, 0, p.stream>>>(p);
-      else
-        attn_prefill_mma_kernel<128><<<dim3(n_blk, n_head), kMmaWarps * 32, 0, p.stream>>>(p);
+      if (p.head_dim_k == 64) {
+        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<64>), sizeof(MmaTile<64>), 1, dl);
+        attn_prefill_mma_kernel<64><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<64>), p.stream>>>(p);
+      } else {
+        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<128>), sizeof(MmaTile<128>), 2, dl);
+        attn_prefill_mma_kernel<128><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<128>), p.stream>>>(p);
+      }
     } else {
       attn_prefill_kernel<<<dim3(static_cast<unsigned>((p.n_tok + kTileWarps - 1) / kTileWarps), n_head),
                             kTileWarps * 32, 0, p.stream>>>(p);
@@ -916,20 +937,10 @@ void launch_attention(const AttnParams& p) {
   const int hb = decode_heads_per_block(group);
   const size_t dec_smem = static_cast<size_t>(dec_smem_floats(p.head_dim_k, p.head_dim_v, hb)) * sizeof(float);
   if (p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && rows16 && dec_smem <= static_cast<size_t>(dl.smem_optin)) {
-    // Above 48 KiB a kernel must opt in: once per device, to the most any shape takes (the
-    // launch still allocates only what it asks). Once, because the call may wait for copies in
-    // flight (it enqueues nothing, so flash-attention makes it even while a graph is captured).
-    if (dec_smem > 48 * 1024) {
-      static std::atomic<bool> opted[kMaxDevices];
-      int dev = 0;
-      FRINK_CUDA_CHECK(cudaGetDevice(&dev));
-      if (dev >= kMaxDevices || !opted[dev].load(std::memory_order_acquire)) {
-        const int64_t most = dec_smem_floats(kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
-        FRINK_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(std::min<int64_t>(most, dl.smem_optin))));
-        if (dev < kMaxDevices) opted[dev].store(true, std::memory_order_release);
-      }
-    }
+    // To the most any shape takes (the launch still allocates only what it asks).
+    const int64_t most = dec_smem_floats(kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
+    opt_in_smem(reinterpret_cast<const void*>(attn_decode_kernel),
+                static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), 0, dl);
     attn_decode_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                               static_cast<unsigned>(p.n_tok)),
                          kDecThreads, dec_smem, p.stream>>>(p, n_split, hb, static_cast<int>(chunk / kAttnChunk));
