@@ -15,8 +15,9 @@
 // v2 measured again (b0f2842, CUDA graph per token, ncu): Q4_0 tg128 189 tok/s, of which the
 //   dp4a kernel 2.97 ms/token = 1.42 TB/s (33% of 4.3 TB/s); Q8_0 3.97 ms = 2.0 TB/s; BF16's
 //   f32-path matvec_kernel 6.96 ms = 2.2 TB/s.
-// v3: staged kernels (matvec_staged_kernel below): rows copied to shared memory in 16-byte
-//   cp.async chunks, two in flight per warp, v2's block arithmetic on the copy; F16/BF16 too.
+// v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
+//   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
+//   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
 #include "cuda/matmul.cuh"
 
 #include <algorithm>
@@ -311,6 +312,14 @@ int grid_for(int64_t n, int threads) {
   return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 4));
 }
 
+// a0 for activation rows t0 on (x, y and residual advanced t0 rows).
+Args args_at(const MatmulParams& p, Args a0, int64_t t0) {
+  a0.x = p.x + t0 * p.x_stride;
+  a0.y = p.y + t0 * p.y_stride;
+  a0.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
+  return a0;
+}
+
 // The launches of a matrix-vector product, for every kernel family: f(args, grid, t0, four)
 // launches once with activation row t0 and four (NT 4) or one (NT 1) token rows. Decode
 // batches go four tokens at a time, then one; expert mode (one activation row per slot) in
@@ -327,12 +336,8 @@ void launch_rows(const MatmulParams& p, const Args& a0, unsigned grid_x, F f) {
     return;
   }
   for (int64_t t0 = 0; t0 < p.n_tok;) {
-    Args a = a0;
-    a.x = p.x + t0 * p.x_stride;
-    a.y = p.y + t0 * p.y_stride;
-    a.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
     const bool four = p.n_tok - t0 >= 4;
-    f(a, dim3(grid_x), t0, four);
+    f(args_at(p, a0, t0), dim3(grid_x), t0, four);
     t0 += four ? 4 : 1;
   }
 }
@@ -486,45 +491,58 @@ struct StagedAct {
   const float* x;
 };
 
-// Blocks [b0, b0 + nb) of the row, whose bytes start at s (shared memory for the staged
-// kernel, the row itself for the direct one), into acc (NT activation rows): the host's
-// vec_dot_q4_0_q8_0 / q8_0_q8_0 / q4_K_q8_K / q6_K_q8_K arithmetic (integer dots per block or
-// sub-block, then the float scales; Q4_K's min term from the activation's per-32 sums).
-template <int T, int NT>
-__device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, const uint8_t* s, int64_t b0,
-                                                 int nb, float (&acc)[NT]) {
+__device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
+
+// Blocks [b0, b0 + nb) of R rows whose bytes start at s + r * rs (shared memory for the
+// staged kernel, the row itself for the direct one), into acc[r] (NT activation rows): the
+// host's vec_dot_q4_0_q8_0 / q8_0_q8_0 / q4_K_q8_K / q6_K_q8_K arithmetic (integer dots per
+// block or sub-block, then the float scales; Q4_K's min term from the activation's per-32
+// sums). A lane loads its activation once for all R rows: v3 with R = 1 spent more load
+// instructions on the activation than on the weights (Q4_0: 11 loads per 16 weights).
+template <int T, int NT, int R>
+__device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, const uint8_t* s, int64_t rs, int64_t b0,
+                                           int nb, float (&acc)[R][NT]) {
   const int lane = threadIdx.x % 32;
   if constexpr (T == kQ4_0 || T == kQ8_0) {
+    // Lanes per weight block: Q4_0 2 (bytes [8k, 8k + 8) of qs: elements 8k.. and 16 + 8k..),
+    // Q8_0 4 (elements [8k, 8k + 8)). Activation pieces are 8-byte aligned: one int2 load each.
     constexpr int kLpb = T == kQ4_0 ? 2 : 4;
     constexpr int kBytes = BlockGeom<T>::kBytes;
-    // Lanes per weight block: Q4_0 2 (16 elements each), Q8_0 4 (8 elements each).
     const int k = lane % kLpb;
     const int64_t n_blk = a.n_in / 32;
     for (int i = lane / kLpb; i < nb; i += 32 / kLpb) {
-      const uint8_t* b = s + i * kBytes;
       const int64_t ib = b0 + i;
-      const float dw = h2f(b);
-      if constexpr (T == kQ4_0) {
+      int2 u0[NT], u1[NT];
+      float dx[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int2* u = reinterpret_cast<const int2*>(x.q8 + t * a.n_in + ib * 32);
+        u0[t] = u[k];
+        if constexpr (T == kQ4_0) u1[t] = u[2 + k];
+        dx[t] = x.d8[t * n_blk + ib];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = s + r * rs + i * kBytes;
+        const float dw = h2f_a2(b);
         const int v0 = ld_i32_a2(b + 2 + 8 * k), v1 = ld_i32_a2(b + 6 + 8 * k);
-        const int w0 = __vsub4(v0 & 0x0F0F0F0F, 0x08080808), w1 = __vsub4(v1 & 0x0F0F0F0F, 0x08080808);
-        const int w2 = __vsub4((v0 >> 4) & 0x0F0F0F0F, 0x08080808), w3 = __vsub4((v1 >> 4) & 0x0F0F0F0F, 0x08080808);
+        if constexpr (T == kQ4_0) {
+          const int w0 = __vsub4(v0 & 0x0F0F0F0F, 0x08080808), w1 = __vsub4(v1 & 0x0F0F0F0F, 0x08080808);
+          const int w2 = __vsub4((v0 >> 4) & 0x0F0F0F0F, 0x08080808), w3 = __vsub4((v1 >> 4) & 0x0F0F0F0F, 0x08080808);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const int* u = reinterpret_cast<const int*>(x.q8 + t * a.n_in + ib * 32);
-          int sum = __dp4a(w0, u[2 * k], 0);
-          sum = __dp4a(w1, u[2 * k + 1], sum);
-          sum = __dp4a(w2, u[4 + 2 * k], sum);
-          sum = __dp4a(w3, u[5 + 2 * k], sum);
-          acc[t] += static_cast<float>(sum) * (dw * x.d8[t * n_blk + ib]);
-        }
-      } else {
-        const int w0 = ld_i32_a2(b + 2 + 8 * k), w1 = ld_i32_a2(b + 6 + 8 * k);
+          for (int t = 0; t < NT; ++t) {
+            int sum = __dp4a(w0, u0[t].x, 0);
+            sum = __dp4a(w1, u0[t].y, sum);
+            sum = __dp4a(w2, u1[t].x, sum);
+            sum = __dp4a(w3, u1[t].y, sum);
+            acc[r][t] += static_cast<float>(sum) * (dw * dx[t]);
+          }
+        } else {
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const int* u = reinterpret_cast<const int*>(x.q8 + t * a.n_in + ib * 32);
-          int sum = __dp4a(w0, u[2 * k], 0);
-          sum = __dp4a(w1, u[2 * k + 1], sum);
-          acc[t] += static_cast<float>(sum) * (dw * x.d8[t * n_blk + ib]);
+          for (int t = 0; t < NT; ++t) {
+            const int sum = __dp4a(v1, u0[t].y, __dp4a(v0, u0[t].x, 0));
+            acc[r][t] += static_cast<float>(sum) * (dw * dx[t]);
+          }
         }
       }
     }
@@ -535,27 +553,41 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     const int k = lane % 8, g = k / 2, l0 = 16 * (k % 2);
     const int64_t n_sb = a.n_in / 256;
     for (int i = lane / 8; i < nb; i += 4) {
-      const uint8_t* b = s + i * 144;
       const int64_t ib = b0 + i;
-      const float dw = h2f(b), dminw = h2f(b + 2);
-      int sc_lo, m_lo, sc_hi, m_hi;
-      scale_min_k4(2 * g, b + 4, sc_lo, m_lo);
-      scale_min_k4(2 * g + 1, b + 4, sc_hi, m_hi);
-      const int4 qv = *reinterpret_cast<const int4*>(b + 16 + 16 * k);
-      const int w[4] = {qv.x, qv.y, qv.z, qv.w};
+      int4 xlo[NT], xhi[NT];
+      float dx[NT];
+      int xs0[NT], xs1[NT];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const int8_t* xq = x.q8k.q + t * a.n_in + ib * 256;
-        int s_lo = 0, s_hi = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          s_lo = __dp4a(w[j] & 0x0F0F0F0F, ld_i32(xq + 32 * (2 * g) + l0 + 4 * j), s_lo);
-          s_hi = __dp4a((w[j] >> 4) & 0x0F0F0F0F, ld_i32(xq + 32 * (2 * g + 1) + l0 + 4 * j), s_hi);
-        }
-        const float dx = x.q8k.d[t * n_sb + ib];
+        xlo[t] = *reinterpret_cast<const int4*>(xq + 32 * (2 * g) + l0);
+        xhi[t] = *reinterpret_cast<const int4*>(xq + 32 * (2 * g + 1) + l0);
+        dx[t] = x.q8k.d[t * n_sb + ib];
         const int32_t* xs = x.q8k.sum + t * (a.n_in / 32) + ib * 8;
-        const int summ = k % 2 == 0 ? m_lo * xs[2 * g] + m_hi * xs[2 * g + 1] : 0;
-        acc[t] += (dx * dw) * static_cast<float>(sc_lo * s_lo + sc_hi * s_hi) - (dx * dminw) * static_cast<float>(summ);
+        xs0[t] = xs[2 * g];
+        xs1[t] = xs[2 * g + 1];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = s + r * rs + i * 144;
+        const float dw = h2f_a2(b), dminw = h2f_a2(b + 2);
+        int sc_lo, m_lo, sc_hi, m_hi;
+        scale_min_k4(2 * g, b + 4, sc_lo, m_lo);
+        scale_min_k4(2 * g + 1, b + 4, sc_hi, m_hi);
+        const int4 qv = *reinterpret_cast<const int4*>(b + 16 + 16 * k);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          int s_lo = __dp4a(qv.x & 0x0F0F0F0F, xlo[t].x, 0), s_hi = __dp4a((qv.x >> 4) & 0x0F0F0F0F, xhi[t].x, 0);
+          s_lo = __dp4a(qv.y & 0x0F0F0F0F, xlo[t].y, s_lo);
+          s_hi = __dp4a((qv.y >> 4) & 0x0F0F0F0F, xhi[t].y, s_hi);
+          s_lo = __dp4a(qv.z & 0x0F0F0F0F, xlo[t].z, s_lo);
+          s_hi = __dp4a((qv.z >> 4) & 0x0F0F0F0F, xhi[t].z, s_hi);
+          s_lo = __dp4a(qv.w & 0x0F0F0F0F, xlo[t].w, s_lo);
+          s_hi = __dp4a((qv.w >> 4) & 0x0F0F0F0F, xhi[t].w, s_hi);
+          const int summ = k % 2 == 0 ? m_lo * xs0[t] + m_hi * xs1[t] : 0;  // once per sub-block pair
+          acc[r][t] += (dx[t] * dw) * static_cast<float>(sc_lo * s_lo + sc_hi * s_hi) -
+                       (dx[t] * dminw) * static_cast<float>(summ);
+        }
       }
     }
   } else if constexpr (T == kQ6_K) {
@@ -566,102 +598,181 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     const int k = lane % 16, h = k / 8, l4 = 4 * (k % 8);
     const int64_t n_sb = a.n_in / 256;
     for (int i = lane / 16; i < nb; i += 2) {
-      const uint8_t* b = s + i * 210;
       const int64_t ib = b0 + i;
-      const uint8_t* ql = b + 64 * h;
-      const uint8_t* qh = b + 128 + 32 * h;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-      const float dw = h2f(b + 208);
-      const int qa = ld_i32_a2(ql + l4), qb = ld_i32_a2(ql + 32 + l4), qhw = ld_i32_a2(qh + l4);
-      // Six-bit values 0..63 per byte, minus 32 per byte (__vsub4 wraps per byte: two's complement int8).
-      const int w[4] = {static_cast<int>(__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020)),
-                        static_cast<int>(__vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020)),
-                        static_cast<int>(__vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020)),
-                        static_cast<int>(__vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020))};
-      int scj[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) scj[j] = sc[8 * h + 2 * j + l4 / 16];
+      int xv[NT][4];
+      float dx[NT];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const int8_t* xq = x.q8k.q + t * a.n_in + ib * 256 + 128 * h + l4;
-        int sumi = 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) sumi += scj[j] * __dp4a(w[j], ld_i32(xq + 32 * j), 0);
-        acc[t] += (x.q8k.d[t * n_sb + ib] * dw) * static_cast<float>(sumi);
+        for (int j = 0; j < 4; ++j) xv[t][j] = ld_i32(xq + 32 * j);
+        dx[t] = x.q8k.d[t * n_sb + ib];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = s + r * rs + i * 210;
+        const uint8_t* ql = b + 64 * h;
+        const uint8_t* qh = b + 128 + 32 * h;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        const float dw = h2f_a2(b + 208);
+        const int qa = ld_i32_a2(ql + l4), qb = ld_i32_a2(ql + 32 + l4), qhw = ld_i32_a2(qh + l4);
+        // Six-bit values 0..63 per byte, minus 32 per byte (__vsub4 wraps per byte: two's complement int8).
+        const int w[4] = {static_cast<int>(__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020)),
+                          static_cast<int>(__vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020)),
+                          static_cast<int>(__vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020)),
+                          static_cast<int>(__vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020))};
+        int scj[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) scj[j] = sc[8 * h + 2 * j + l4 / 16];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          int sumi = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) sumi += scj[j] * __dp4a(w[j], xv[t][j], 0);
+          acc[r][t] += (dx[t] * dw) * static_cast<float>(sumi);
+        }
       }
     }
   } else {  // F16 / BF16: 8 elements (16 bytes) per lane step; x rows are f32
     for (int g = lane; g < nb / 8; g += 32) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(s + 16 * g);
-      const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
-      float w[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (T == kBF16) {
-          w[2 * j] = __uint_as_float(u[j] << 16);
-          w[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
-        } else {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[j]));
-          w[2 * j] = f.x;
-          w[2 * j + 1] = f.y;
-        }
-      }
       const int64_t e0 = b0 + 8 * g;
+      float4 x0[NT], x1[NT];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float4* xp = reinterpret_cast<const float4*>(x.x + t * a.x_stride + e0);
-        const float4 x0 = xp[0], x1 = xp[1];
-        acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z +
-                  w[7] * x1.w;
+        x0[t] = xp[0];
+        x1[t] = xp[1];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(s + r * rs + 16 * g);
+        const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+        float w[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (T == kBF16) {
+            w[2 * j] = __uint_as_float(u[j] << 16);
+            w[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+          } else {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[j]));
+            w[2 * j] = f.x;
+            w[2 * j + 1] = f.y;
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          acc[r][t] += w[0] * x0[t].x + w[1] * x0[t].y + w[2] * x0[t].z + w[3] * x0[t].w + w[4] * x1[t].x +
+                       w[5] * x1[t].y + w[6] * x1[t].z + w[7] * x1[t].w;
       }
     }
   }
 }
 
-// One warp per row; the warp's two shared buffers take alternate chunks.
+// The stream kernel (v3 -> v5). ncu of v3 (one warp per row pair, two chunks in flight, one
+// launch per product; 8B Q4_0 decode): gate/up 17.3 us each (1.9 TB/s, DRAM 40%, SM 46%),
+// down 22 us, wo 8 us, q 8 us, k/v 6.3 us each (0.37 TB/s: launch and ramp bound).
+// v4 filled the GPU once (resident warps from the occupancy API), each warp walking several
+// (row pair, chunk) items with 3 stages: slower on every product (down 28 us, gate+up 38 us,
+// Q4_0 tg128 205 tok/s against v3's 224), since each warp's arithmetic, not the loads in
+// flight, was then the limit, and fewer warps shared it. v5 keeps v3's one warp per row pair
+// and v4's grouping: a launch holds up to kMaxSegs products of one input (q/k/v, gate/up),
+// their row pairs one index space, so the small K/V products need no launches of their own
+// (v4's grouped q/k/v: 12.9 us against 20.6 us in three launches).
+constexpr int kSRows = 2;   // rows per item (their activation loads shared, see blocks_dot)
+constexpr int kStages = 2;  // items per warp in shared memory: kStages - 1 in flight
+constexpr int kMaxSegs = 3;
+
+struct Segs {
+  Args a[kMaxSegs];
+  int64_t g_end[kMaxSegs];  // end of each product's row pairs in the launch's index space
+  int n;
+};
+
 template <int T, int NT>
-__global__ void __launch_bounds__(kSWarps * 32) matvec_staged_kernel(Args a, StagedAct x) {
+__global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, StagedAct x) {
   constexpr int kChunk = Staged<T>::kChunk;
-  __shared__ __align__(16) uint8_t sm[kSWarps][2][kChunk];
+  __shared__ __align__(16) uint8_t sm[kSWarps][kStages][kSRows][kChunk];
+  Args first = sg.a[0];  // expert mode (one product): select_slot points it at the slot's expert
   {
-    const int64_t xr = select_slot(a);
-    if constexpr (T == kBF16 || T == kF16) x.x += xr * a.x_stride;
-    else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, a.n_in);
+    const int64_t xr = select_slot(first);
+    if constexpr (Staged<T>::kPlain) x.x += xr * first.x_stride;
+    else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, first.n_in);
     else {
-      x.q8 += xr * a.n_in;
-      x.d8 += xr * (a.n_in / 32);
+      x.q8 += xr * first.n_in;
+      x.d8 += xr * (first.n_in / 32);
     }
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kSWarps + warp;
-  if (row >= a.n_out) return;  // warp-uniform; no block-wide barrier below
-  const uint8_t* wr = a.w + row * a.row_bytes;
-  const int64_t n_blocks = a.n_in / Staged<T>::kBlockElems;
+  const int64_t n_warps = int64_t{gridDim.x} * kSWarps, wg = int64_t{blockIdx.x} * kSWarps + warp;
+  const int64_t n_groups = sg.g_end[sg.n - 1];
+  if (wg >= n_groups) return;  // warp-uniform; no block-wide barrier below
+  const int64_t n_blocks = first.n_in / Staged<T>::kBlockElems;
   const int64_t n_chunks = (n_blocks + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
-  // Chunk c's bytes into buffer c % 2: 16-byte copies, lanes strided (coalesced).
-  auto issue = [&](int64_t c) {
-    const int64_t b0 = c * Staged<T>::kBlocks;
-    const int bytes = static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - b0) * Staged<T>::kBlockBytes);
-    const uint8_t* src = wr + b0 * Staged<T>::kBlockBytes;
-    uint8_t* dst = sm[warp][c % 2];
-    for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
+  const int64_t n_items = ((n_groups - 1 - wg) / n_warps + 1) * n_chunks;
+  // Row pair g: its product's index and first row. (Returning a reference to `first` or to
+  // sg.a would put `first` in local memory, read in the inner loop: products go by index.)
+  auto locate = [&](int64_t g, int64_t& row0) {
+    int seg = 0;
+    while (g >= sg.g_end[seg]) ++seg;
+    row0 = (g - (seg > 0 ? sg.g_end[seg - 1] : 0)) * kSRows;
+    return seg;
   };
-  float acc[NT];
+  auto chunk_blocks = [&](int64_t c) {
+    return static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - c * Staged<T>::kBlocks));
+  };
+  // Item it's rows into stage it % kStages: 16-byte copies, lanes strided (coalesced). A
+  // product's odd last row pair copies its last row twice (computed, never stored).
+  auto issue = [&](int64_t it) {
+    if (it >= n_items) return;
+    const int64_t c = it % n_chunks;
+    int64_t row0;
+    const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
+    const uint8_t* w = seg == 0 ? first.w : sg.a[seg].w;
+    const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
+    const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
+    const int bytes = chunk_blocks(c) * Staged<T>::kBlockBytes;
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  issue(0);
-  __pipeline_commit();
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    if (c + 1 < n_chunks) issue(c + 1);
-    __pipeline_commit();        // possibly empty: one group per iteration keeps the count simple
-    __pipeline_wait_prior(1);   // chunk c has landed (this lane's copies)
-    __syncwarp();               // ... and every lane's
-    const int64_t b0 = c * Staged<T>::kBlocks;
-    blocks_dot<T, NT>(a, x, sm[warp][c % 2], b0,
-                            static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - b0)), acc);
-    __syncwarp();  // buffer c % 2 is read by all lanes before chunk c + 2 overwrites it
+    for (int r = 0; r < kSRows; ++r) {
+      const uint8_t* src =
+          w + min(row0 + r, n_out - 1) * row_bytes + c * Staged<T>::kBlocks * Staged<T>::kBlockBytes;
+      uint8_t* dst = sm[warp][it % kStages][r];
+      for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
+    }
+  };
+  float acc[kSRows][NT];
+#pragma unroll
+  for (int r = 0; r < kSRows; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    issue(st);
+    __pipeline_commit();
   }
-  store_row<NT>(a, row, acc);
+  for (int64_t it = 0; it < n_items; ++it) {
+    issue(it + kStages - 1);
+    __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
+    __pipeline_wait_prior(kStages - 1);  // item it has landed (this lane's copies)
+    __syncwarp();                        // ... and every lane's
+    const int64_t c = it % n_chunks;
+    blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % kStages][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
+                              acc);
+    __syncwarp();  // stage it % kStages is read by all lanes before item it + kStages overwrites it
+    if (c == n_chunks - 1) {
+      int64_t row0;
+      const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
+#pragma unroll
+      for (int r = 0; r < kSRows; ++r) {
+        if (seg == 0) {
+          if (row0 + r < first.n_out) store_row<NT>(first, row0 + r, acc[r]);
+        } else if (row0 + r < sg.a[seg].n_out) {
+          store_row<NT>(sg.a[seg], row0 + r, acc[r]);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+      }
+    }
+  }
 }
 
 // Whether W's rows suit the staged kernels: 16-byte aligned starts (and expert stacks).
@@ -686,37 +797,81 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   }
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kSWarps + threadIdx.x / 32;
   if (row >= a.n_out) return;
-  float acc[NT];
+  float acc[1][NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  blocks_dot<T, NT>(a, x, a.w + row * a.row_bytes, 0, static_cast<int>(a.n_in / Staged<T>::kBlockElems), acc);
-  store_row<NT>(a, row, acc);
+  for (int t = 0; t < NT; ++t) acc[0][t] = 0.0f;
+  blocks_dot<T, NT, 1>(a, x, a.w + row * a.row_bytes, 0, 0, static_cast<int>(a.n_in / Staged<T>::kBlockElems), acc);
+  store_row<NT>(a, row, acc[0]);
 }
 
+// The activation of launch rows from t0 on.
 template <int T>
-void matvec_staged_launch(const MatmulParams& p, const Args& a0, const StagedAct& x0) {
-  const bool staged = staged_ok(p);
-  launch_rows(p, a0, static_cast<unsigned>((p.n_out + kSWarps - 1) / kSWarps),
-              [&](const Args& a, dim3 g, int64_t t0, bool four) {
-                StagedAct x = x0;  // the launch's first activation row
-                if constexpr (Staged<T>::kPlain) x.x = a.x;
-                else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x0.q8k.at_row(t0, p.n_in);
-                else {
-                  x.q8 += t0 * p.n_in;
-                  x.d8 += t0 * (p.n_in / 32);
-                }
-                if constexpr (Staged<T>::kPlain) {  // only staged: unaligned plain rows take matvec_kernel
-                  if (four) matvec_staged_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
-                  else matvec_staged_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
-                } else if (staged) {
-                  if (four) matvec_staged_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
-                  else matvec_staged_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
-                } else {
-                  if (four) matvec_direct_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
-                  else matvec_direct_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
-                }
-                FRINK_CUDA_CHECK_LAUNCH();
-              });
+StagedAct act_at(StagedAct x, int64_t t0, int64_t n_in) {
+  if constexpr (Staged<T>::kPlain) return x;  // f32 rows: follow Args::x (args_at)
+  else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(t0, n_in);
+  else {
+    x.q8 += t0 * n_in;
+    x.d8 += t0 * (n_in / 32);
+  }
+  return x;
+}
+
+// Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
+// on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: n == 1.
+template <int T>
+void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
+  const MatmulParams& p = ps[0];
+  bool staged = true;
+  for (int i = 0; i < n; ++i) staged = staged && staged_ok(ps[i]);
+  if (!staged) {
+    if constexpr (!Staged<T>::kPlain) {  // plain types without staging take matvec_kernel (dispatch)
+      for (int i = 0; i < n; ++i)
+        launch_rows(ps[i], args_of(ps[i]), static_cast<unsigned>((ps[i].n_out + kSWarps - 1) / kSWarps),
+                    [&](const Args& a, dim3 g, int64_t t0, bool four) {
+                      StagedAct x = act_at<T>(x0, t0, p.n_in);
+                      if constexpr (Staged<T>::kPlain) x.x = a.x;
+                      if (four) matvec_direct_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
+                      else matvec_direct_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
+                      FRINK_CUDA_CHECK_LAUNCH();
+                    });
+    }
+    return;
+  }
+  Segs sg{};
+  sg.n = n;
+  int64_t groups = 0;
+  for (int i = 0; i < n; ++i) {
+    sg.a[i] = args_of(ps[i]);
+    groups += (ps[i].n_out + kSRows - 1) / kSRows;
+    sg.g_end[i] = groups;
+  }
+  // Grid: one warp per row pair. (v4 filled the GPU once with the resident warps, each
+  // walking several row pairs with 3 stages: slower on every product but the grouped q/k/v;
+  // each warp's arithmetic, not the number of loads in flight, was then the limit.)
+  auto grid_x = [&](int64_t, bool) { return static_cast<unsigned>((groups + kSWarps - 1) / kSWarps); };
+  auto launch = [&](const Segs& s, dim3 g, int64_t t0, bool four) {
+    StagedAct x = act_at<T>(x0, t0, p.n_in);
+    if constexpr (Staged<T>::kPlain) x.x = s.a[0].x;
+    if (four) matvec_stream_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(s, x);
+    else matvec_stream_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(s, x);
+    FRINK_CUDA_CHECK_LAUNCH();
+  };
+  if (p.slot_expert) {
+    launch_rows(p, sg.a[0], grid_x(std::min<int64_t>(p.n_slots, 65535), false),
+                [&](const Args& a, dim3 g, int64_t t0, bool four) {
+                  Segs s = sg;
+                  s.a[0] = a;
+                  launch(s, g, t0, four);
+                });
+    return;
+  }
+  for (int64_t t0 = 0; t0 < p.n_tok;) {  // launch_rows' token chunks, for every product at once
+    const bool four = p.n_tok - t0 >= 4;
+    Segs s = sg;
+    for (int i = 0; i < n; ++i) s.a[i] = args_at(ps[i], sg.a[i], t0);
+    launch(s, dim3(grid_x(1, four)), t0, four);
+    t0 += four ? 4 : 1;
+  }
 }
 
 void blas_check(cublasStatus_t st, const char* file, int line) {
@@ -788,17 +943,27 @@ ActRound act_prep_for(const MatmulParams& p) {
   return act_round_for(p.type);
 }
 
+// Whether p goes to the stream kernel (matvec_stream_kernel): one of its types on the
+// matrix-vector path, rows it can stage. Consecutive such products of one type share a launch.
+bool streams(const MatmulParams& p, ActRound kind) {
+  const bool family = ((p.type == kQ4_0 || p.type == kQ8_0) && kind == kActDp4a) ||
+                      ((p.type == kQ4_K || p.type == kQ6_K) && kind == kActDp4aK) ||
+                      ((p.type == kF16 || p.type == kBF16) && takes_matvec(p));
+  return family && staged_ok(p);
+}
+
+// Products ps[0, n) of one type and one activation preparation (n > 1 only when all stream).
 // x_ready: the previous product of the group prepared x the same way (kind), so the act_round
 // buffer (and on the cuBLAS path the f16 copy of x) already hold it.
 template <int T>
-void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
-  MatmulParams p = p_in;
+void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
+  MatmulParams p = ps[0];
   if constexpr (T == kQ4_0 || T == kQ8_0) {
     if (kind == kActDp4a) {
       int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);  // int8 quants, then the f32 block scales
       float* xd = reinterpret_cast<float*>(xq + p.n_tok * p.n_in);
       if (!x_ready) launch_quantize_q8(p, xq, xd);
-      matvec_staged_launch<T>(p, args_of(p), StagedAct{xq, xd, {}, nullptr});
+      matvec_dp4a_launch<T>(ps, n, StagedAct{xq, xd, {}, nullptr});
       return;
     }
   }
@@ -806,7 +971,7 @@ void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
     if (kind == kActDp4aK) {
       const Q8KAct x = q8k_act(p);
       if (!x_ready) launch_quantize_q8k(p, x);
-      matvec_staged_launch<T>(p, args_of(p), StagedAct{nullptr, nullptr, x, nullptr});
+      matvec_dp4a_launch<T>(ps, n, StagedAct{nullptr, nullptr, x, nullptr});
       return;
     }
   }
@@ -815,13 +980,19 @@ void dispatch(const MatmulParams& p_in, ActRound kind, bool x_ready) {
     p.x = p.act_round;
     p.x_stride = p.n_in;
   }
-  const Args a = args_of(p);
   if constexpr (T == kF16 || T == kBF16) {
-    if (takes_matvec(p) && staged_ok(p)) {
-      matvec_staged_launch<T>(p, a, StagedAct{nullptr, nullptr, {}, p.x});
+    if (streams(p, kind)) {
+      MatmulParams group[kMaxSegs];
+      for (int i = 0; i < n; ++i) {
+        group[i] = ps[i];
+        group[i].x = p.x;
+        group[i].x_stride = p.x_stride;
+      }
+      matvec_dp4a_launch<T>(group, n, StagedAct{nullptr, nullptr, {}, p.x});
       return;
     }
   }
+  const Args a = args_of(p);
   if (takes_matvec(p))
     matvec_launch<T>(p, a);
   else
@@ -856,6 +1027,9 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                              p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream
                          ? cudaSuccess
                          : cudaErrorInvalidValue);
+  }
+  for (int i = 0; i < n; ++i) {
+    const MatmulParams& p = ps[i];
     // Ready: the previous product prepared x the same way, and (cuBLAS path) left its 16-bit
     // copy in the same format: bf16 for BF16 weights, f16 for all others.
     const ActRound kind = act_prep_for(p);
@@ -863,10 +1037,18 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const bool x_ready = i > 0 && kind == prev && bf16_copy == prev_bf16_copy;
     prev = kind;
     prev_bf16_copy = bf16_copy;
-#define FRINK_CASE(T)                 \
-  if (p.type == T) {                  \
-    dispatch<T>(p, kind, x_ready);    \
-    continue;                         \
+    // The run of products this launch takes: p alone, or with the next ones of its type
+    // when all stream (their rows share one launch).
+    int run = 1;
+    if (streams(p, kind) && !p.slot_expert)
+      while (run < kMaxSegs && i + run < n && ps[i + run].type == p.type && !ps[i + run].slot_expert &&
+             streams(ps[i + run], kind))
+        ++run;
+#define FRINK_CASE(T)                      \
+  if (p.type == T) {                       \
+    dispatch<T>(ps + i, run, kind, x_ready); \
+    i += run - 1;                          \
+    continue;                              \
   }
     FRINK_FOR_EACH_DEVICE_TYPE(FRINK_CASE)
 #undef FRINK_CASE

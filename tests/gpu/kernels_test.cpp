@@ -158,10 +158,11 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   // n_tok 5 = one 4-token and one 1-token launch, 8 two 4-token ones; 12 takes the cuBLAS path.
   // The staged kernels (rows a multiple of 16 bytes) see one chunk and a part (2304: Q4_0 64 +
-  // 8 blocks, Q4_K 8 + 1), whole chunks (4096) and seven (14336, the 8B down projection).
+  // 8 blocks, Q4_K 8 + 1), whole chunks (4096) and seven (14336, the 8B down projection);
+  // 20001 rows give each warp of the stream kernel several row pairs, the last one half.
   const std::vector<MatCase> cases = {{256, 9, 1, false},  {512, 33, 3, true},   {768, 20, 12, false},
                                       {4096, 40, 5, true}, {4096, 40, 8, true},  {64, 3, 1, false},
-                                      {2304, 9, 4, true},  {14336, 24, 1, false}};
+                                      {2304, 9, 4, true},  {14336, 24, 1, false}, {512, 20001, 1, true}};
   for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                      GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                      GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
@@ -241,7 +242,9 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
                                                      {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_0},
                                                      {GgmlType::F16, GgmlType::BF16, GgmlType::F16},
                                                      {GgmlType::Q8_0, GgmlType::Q8_0},
-                                                     {GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q6_K}};
+                                                     {GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q6_K},
+                                                     {GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0},
+                                                     {GgmlType::BF16, GgmlType::BF16}};
   const int64_t n_in = 512;
   for (int64_t n_tok : {1, 3, 12}) {
     for (const auto& types : groups) {
@@ -252,7 +255,8 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
       std::vector<std::unique_ptr<Dev<float>>> ys_group, ys_alone;
       std::vector<cuda::MatmulParams> ps;
       for (size_t i = 0; i < types.size(); ++i) {
-        const int64_t n_out = 40 + 8 * static_cast<int64_t>(i);
+        // Odd row counts: a product's last row pair in the stream kernel holds one row.
+        const int64_t n_out = 41 + 8 * static_cast<int64_t>(i);
         ws.push_back(std::make_unique<Dev<uint8_t>>(random_weights(rng, types[i], n_in, n_out).bytes));
         ys_group.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_out * n_tok)));
         ys_alone.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_out * n_tok)));
