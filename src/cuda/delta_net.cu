@@ -1,8 +1,9 @@
 // Gated DeltaNet steps on the device (see delta_net.cuh).
 //
 // v1 (this file): correctness first. The recurrence runs token after token inside one launch
-// per segment (the state stays in registers across the segment's tokens); a chunked (WY)
-// prefill kernel, which turns most of the work into matrix products, is the next version.
+// per segment (the state stays in registers across the segment's tokens, the next token's
+// inputs are fetched while the current one computes); a chunked (WY) prefill kernel, which
+// turns most of the work into matrix products, is the next version. Not yet timed.
 #include "cuda/delta_net.cuh"
 
 #include <algorithm>
@@ -103,14 +104,29 @@ __global__ void __launch_bounds__(512) delta_rule_kernel(DeltaRuleParams p) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) s[r] = col && i0 + r < d ? S[(i0 + r) * d + j] : 0.0f;
 
-  for (int64_t t = 0; t < p.n_tok; ++t) {
+  // Token t's inputs are loaded into registers while token t - 1 computes, so a prefill does
+  // not wait a global-memory latency per token. 32 * ceil(d / 16) threads >= d: each thread
+  // holds at most one element of q and of k.
+  const bool loads = tid < d;
+  float nq = 0.0f, nkk = 0.0f, nv_ = 0.0f, ng = 0.0f, nb = 0.0f;
+  const auto fetch = [&](int64_t t) {
     const float* row = p.qkv + t * p.qkv_stride;
-    for (int64_t i = tid; i < d; i += n_threads) {
-      q_s[i] = row[hk * d + i] * p.q_scale;
-      k_s[i] = row[(nk + hk) * d + i];
+    if (loads) {
+      nq = row[hk * d + tid];
+      nkk = row[(nk + hk) * d + tid];
     }
-    const float decay = expf(p.g[t * nv + hv]), beta = p.beta[t * nv + hv];
-    const float v = col ? row[2 * nk * d + hv * d + j] : 0.0f;
+    nv_ = col ? row[2 * nk * d + hv * d + j] : 0.0f;
+    ng = p.g[t * nv + hv];
+    nb = p.beta[t * nv + hv];
+  };
+  fetch(0);
+  for (int64_t t = 0; t < p.n_tok; ++t) {
+    if (loads) {
+      q_s[tid] = nq * p.q_scale;
+      k_s[tid] = nkk;
+    }
+    const float decay = expf(ng), beta = nb, v = nv_;
+    if (t + 1 < p.n_tok) fetch(t + 1);
     __syncthreads();  // q_s, k_s written
     // S *= exp(g); sk = S^T k
     float part = 0.0f;
