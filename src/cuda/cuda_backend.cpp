@@ -23,16 +23,7 @@
 // their own. Mirror staleness is settled before the replay (prepare() uploads outside the
 // graph), so the replay always reads a mirror that agrees with its host cache.
 //
-// Gated delta nets (hybrids): a recurrent layer is ONE submission too (norm, projections,
-// gates, conv, the delta rule, gated norm, output projection, residual, FFN), enqueued on the
-// same stream, so a run of recurrent layers and the attention layers between them costs no
-// wait. The sequence's recurrent state lives in a RecurrentMirror that the kernels update in
-// place: nothing crosses to the host per token, the device is left AHEAD of the host's
-// RecurrentState (told at the wait, flush()), and the state pulls from here whenever the host
-// reads it (RecurrentDeviceLink::pull). Snapshots the state wants are copied to pinned
-// staging at their segment ends and saved into the state at flush(). In a token graph the
-// recurrent layers read and write the mirror's fixed addresses (part of the graph key), so
-// replays need nothing new; a snapshot after the token is copied out after the replay.
+// Gated delta net layers (hybrids) and the recurrent state mirror: cuda_backend_recurrent.cpp.
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -49,8 +40,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "cuda/attention.cuh"
+#include "cuda/cuda_backend_impl.h"
 #include "cuda/cuda_check.h"
-#include "cuda/delta_net.cuh"
 #include "cuda/device_probe.h"
 #include "cuda/device_weights.h"
 #include "cuda/elementwise.cuh"
@@ -59,7 +50,6 @@
 #include "cuda/moe.cuh"
 #include "cuda/pick.cuh"
 #include "cuda/norm.cuh"
-#include "cuda/recurrent_mirror.h"
 #include "cuda/rope.cuh"
 
 namespace frink::cuda {
@@ -67,170 +57,7 @@ namespace frink::cuda {
 static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPickTopK,
               "the engine's pick limits are the kernels'");
 
-namespace {
-
-// A device buffer that only grows (sized for the largest batch seen).
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  ~DevBuf() { cudaFree(p); }
-  void ensure(size_t n) {
-    if (n <= bytes) return;
-    FRINK_CUDA_CHECK(cudaFree(p));
-    p = nullptr;
-    bytes = 0;  // if the allocation below fails, the buffer says it holds nothing
-    FRINK_CUDA_CHECK(cudaMalloc(&p, n));
-    bytes = n;
-  }
-  float* f() const { return static_cast<float*>(p); }
-};
-
-class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
- public:
-  CudaBackend(const Model& m, const DeviceHooks& hooks);
-  ~CudaBackend() override;
-
-  std::string describe() const override;
-  double peak_gbps() const override { return info_.peak_gbps; }
-  Refusal check_layer(int64_t il) const override { return refusal_[static_cast<size_t>(il)]; }
-  Refusal check_output() const override { return refusal_.back(); }
-  void begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches, RecurrentState* recurrent) override;
-  void upload(const float* x) override;
-  void download(float* x) override;
-  void run_layer(int64_t il, KvCache& cache) override;
-  void run_recurrent_layer(int64_t il, RecurrentState& state) override;
-  void output_logits(int64_t first, int64_t n, float* logits) override;
-  void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, RecurrentState* recurrent,
-                 float* logits, TokenPick* pick) override;
-  // RecurrentDeviceLink
-  void pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) override;
-  void forget(const RecurrentState& s) noexcept override;
-
- private:
-  struct Pending {
-    KvCache* cache;
-    KvMirror* mirror;
-    size_t k_off, v_off;  // floats into staging_
-  };
-  // What a token graph runs for one layer: an attention layer's mirror and staging, or a
-  // recurrent layer's state mirror.
-  struct LayerRun {
-    KvMirror* kv = nullptr;
-    Pending pd{};
-    RecurrentMirror* rec = nullptr;
-  };
-  // Recurrent work enqueued and not yet landed (flush tells the state the device is ahead),
-  // and snapshots on their way to the host (saved into the state at flush).
-  struct PendingRec {
-    RecurrentState* state;
-    RecurrentMirror* mirror;
-    int64_t layer;
-  };
-  struct PendingSnap {
-    RecurrentState* state;
-    int64_t pos, layer;
-    size_t conv_off, ssm_off;  // floats into snap_staging_
-  };
-  // Layer p's mirror of cache, made ready for n_new rows (staleness settled, room made, and
-  // device memory found for a growth by evicting other sequences' mirrors if need be).
-  KvMirror& ready_mirror(KvCache& cache, const LayerPlan& p, int64_t n_new);
-  void evict_mirrors(size_t bytes_wanted);
-  // Books staging room for the batch's new rows of one layer (in layer order, so a token's
-  // offsets are the same every step) and queues them for flush().
-  Pending add_pending(KvCache& cache, KvMirror& mirror);
-  // The device work of layer il / of the head; max_keys bounds the attention grid.
-  void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
-  // Gated delta net layer il on the batch, its recurrence cut at the batch-relative segment
-  // ends `ends` (ascending, the last n_tok_); when snap is set, the state after each end
-  // the state wants a snapshot of is copied out (stage_snapshot).
-  void enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends, RecurrentState* snap);
-  // x = x + proj(branch) (+ sandwich norm), x = x + ffn(ffn_norm(x)): the tail of a layer.
-  void enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj, const float* branch,
-                            int64_t branch_w);
-  // The sequence's recurrent mirror (made on first use; the state is linked to this backend).
-  RecurrentMirror& ready_recurrent(RecurrentState& s);
-  void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos);
-  void clear_pending();  // a failed batch's bookkeeping, forgotten
-  void enqueue_head(int64_t first, int64_t n);
-  // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k.
-  std::vector<uintptr_t> graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k) const;
-  cudaGraphExec_t capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k);
-  cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs, int64_t max_keys,
-                                  int pick_k);
-  MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
-  // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual).
-  void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-              const float* residual = nullptr);
-  void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
-  void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
-  void moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
-  // An expert product: slot s multiplies its routed expert with activation row s / x_div.
-  MatmulParams expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div, float* y,
-                             int64_t y_stride);
-  void flush();  // waits, then lands pending K/V rows on the host
-
-  const Model& m_;
-  DeviceHooks hooks_;
-  DeviceInfo info_;
-  DeviceWeights w_;
-  std::vector<Refusal> refusal_;  // per layer, then the output head
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
-  // Mirrors by host cache. Nothing tells the device a Session ended, so when a mirror's
-  // allocation would not fit in device memory (or in hooks_.mirror_budget_bytes), mirrors
-  // of caches the current batch does not use are evicted, least recently used first; a cache
-  // that comes back meets a fresh mirror and the staleness rule uploads its history. Memory,
-  // not a count, triggers it: a count cap made sequences taking turns evict each other.
-  struct MirrorSlot {
-    std::unique_ptr<KvMirror> mirror;
-    uint64_t last_use = 0;  // batch_tick_ of its last batch
-  };
-  std::unordered_map<const KvCache*, MirrorSlot> mirrors_;
-  uint64_t batch_tick_ = 0;
-  // Recurrent state mirrors by host state. Each state is linked to this backend while its
-  // mirror exists; it tells us when it goes away (forget), and we detach from every state,
-  // pulling what is ahead, before we go away.
-  std::unordered_map<RecurrentState*, std::unique_ptr<RecurrentMirror>> rec_mirrors_;
-  std::vector<PendingRec> pending_rec_;
-  std::vector<PendingSnap> pending_snaps_;
-  float* snap_staging_ = nullptr;  // pinned: snapshot states on their way to the host
-  size_t snap_floats_ = 0, snap_used_ = 0;
-
-  int64_t n_tok_ = 0, pos0_ = 0;
-  DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
-  DevBuf attn_gate_;  // gated attention (attn_out_gate): the gate half of wq's output
-  // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the
-  // shared expert's output and gate logit.
-  DevBuf moe_logits_, moe_ids_, moe_w_, moe_gu_, moe_hidden_, moe_y_, moe_sh_y_, moe_sh_g_;
-  // Gated delta net: the q|k|v projection and its conv output, z, the raw beta|alpha, the
-  // gates, the delta rule's output.
-  DevBuf gdn_qkv_, gdn_conv_, gdn_z_, gdn_ba_, gdn_beta_, gdn_g_, gdn_o_;
-  size_t scratch_elems_ = 0;
-  float* staging_ = nullptr;  // pinned: new K/V rows on their way to the host caches
-  DevBuf dstage_;             // the same rows on the device, at the same offsets
-  size_t staging_floats_ = 0, staging_used_ = 0, staging_landed_ = 0;
-  std::vector<Pending> pending_;
-  int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
-  int32_t* pos_host_ = nullptr;  // pinned source of that copy
-  // run_token's pick: parameters (device, and the pinned copy sent each step), the chosen id
-  // or top-k (device, pinned landing place), scratch for the reductions.
-  PickDev* pick_dev_ = nullptr;
-  PickDev* pick_host_ = nullptr;
-  int32_t* pick_ids_dev_ = nullptr;  // [kPickMaxTopK]; [0] is the argmax
-  float* pick_vals_dev_ = nullptr;
-  int32_t* pick_ids_host_ = nullptr;
-  float* pick_vals_host_ = nullptr;
-  DevBuf pick_scratch_;
-  // Captured token graphs by key, most recent last: a few, so sequences that take turns on
-  // one backend (a server's slots) each keep theirs instead of recapturing every step.
-  struct TokenGraph {
-    std::vector<uintptr_t> key;
-    cudaGraphExec_t exec = nullptr;
-  };
-  static constexpr size_t kMaxTokenGraphs = 8;
-  std::vector<TokenGraph> token_graphs_;
-  int64_t n_captures_ = 0, n_evictions_ = 0;
-};
+namespace detail {
 
 CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
     : m_(m), hooks_(hooks), info_(probe_device()), w_(m) {
@@ -826,171 +653,6 @@ void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d,
   }
 }
 
-void CudaBackend::run_recurrent_layer(int64_t il, RecurrentState& state) {
-  const LayerPlan& p = m_.hp.layers[static_cast<size_t>(il)];
-  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone && p.recurrent == RecurrentKind::kGatedDeltaNet,
-               "run_recurrent_layer on layer {}", il);
-  RecurrentMirror& rm = ready_recurrent(state);
-  rm.prepare(state, il, stream_);
-  // The host body's segments (cpu::recurrent_layer): cut after every position the state keeps
-  // a snapshot of, so the snapshot is the state there whatever the batch boundaries were.
-  std::vector<int64_t> ends;
-  for (int64_t pos = pos0_ + 1; pos <= pos0_ + n_tok_; ++pos)
-    if (pos == pos0_ + n_tok_ || state.wants_snapshot(pos, pos0_, pos0_ + n_tok_)) ends.push_back(pos - pos0_);
-  rm.running(il);  // before the first launch: a throw below leaves the copy untrusted
-  pending_rec_.push_back({&state, &rm, il});
-  enqueue_delta_net(il, rm, ends, &state);
-}
-
-// The host's delta_net_layer (cpu/recurrent_layer.cpp) step by step, every step on the device.
-void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends,
-                                    RecurrentState* snap) {
-  const Hparams& hp = m_.hp;
-  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
-  const DeviceLayer& d = w_.layer(il);
-  const SsmPlan& sp = p.ssm;
-  const int64_t E = hp.n_embd, n = n_tok_, C = sp.conv_channels(), dh = sp.d_state;
-  const int64_t nk = sp.n_group, nv = sp.n_v_head, V = sp.d_inner;
-  FRINK_ASSERT(!ends.empty() && ends.back() == n, "segments must end at the batch end");
-
-  // h = rms(x) * attn_norm; qkv = attn_qkv h; z = attn_gate h; beta, alpha = ssm_ba h (or ssm_beta h, ssm_alpha h)
-  norm_rows(d.attn_norm, x_.f(), h_.f(), n, E, E, hp.norm == NormKind::kLayer);
-  MatmulParams ps[4];
-  int n_ps = 0;
-  ps[n_ps++] = matmul_params(d.ssm_qkv, h_.f(), E, gdn_qkv_.f(), C);
-  ps[n_ps++] = matmul_params(d.ssm_z, h_.f(), E, gdn_z_.f(), V);
-  if (d.ssm_ba) {
-    ps[n_ps++] = matmul_params(d.ssm_ba, h_.f(), E, gdn_ba_.f(), 2 * nv);
-  } else {  // beta and alpha side by side, as the gates kernel reads them
-    ps[n_ps++] = matmul_params(d.ssm_beta, h_.f(), E, gdn_ba_.f(), 2 * nv);
-    ps[n_ps++] = matmul_params(d.ssm_alpha, h_.f(), E, gdn_ba_.f() + nv, 2 * nv);
-  }
-  launch_matmuls(ps, n_ps);  // one rounding of h for all of them
-  // beta = sigmoid(b); g = softplus(a + dt_bias) * ssm_a
-  DeltaGatesParams gp;
-  gp.ba = gdn_ba_.f();
-  gp.fused = static_cast<bool>(d.ssm_ba);
-  gp.n_tok = n;
-  gp.n_v_head = nv;
-  gp.n_k_head = nk;
-  gp.dt_bias = d.ssm_dt_b;
-  gp.a = d.ssm_a;
-  gp.beta = gdn_beta_.f();
-  gp.g = gdn_g_.f();
-  gp.stream = stream_;
-  launch_delta_gates(gp);
-
-  // Segment by segment: qkv = silu(conv1d(qkv)) against the conv state; q, k = l2norm(q),
-  // l2norm(k) per key head; o = gated_delta_rule(q / sqrt(d), k, v, g, beta) against the state.
-  int64_t b = 0;
-  for (const int64_t e : ends) {
-    ConvParams cp;
-    cp.x = gdn_qkv_.f() + b * C;
-    cp.x_stride = C;
-    cp.y = gdn_conv_.f() + b * C;
-    cp.y_stride = C;
-    cp.n_tok = e - b;
-    cp.channels = C;
-    cp.width = sp.d_conv;
-    cp.w = d.ssm_conv1d;
-    cp.bias = d.ssm_conv1d_b;
-    cp.state = rm.conv(il);
-    cp.stream = stream_;
-    launch_conv1d_silu(cp);
-    L2NormParams lp;
-    lp.x = gdn_conv_.f() + b * C;
-    lp.x_stride = C;
-    lp.n_tok = e - b;
-    lp.n_head = 2 * nk;  // q heads then k heads, contiguous
-    lp.n = dh;
-    lp.eps = hp.norm_eps;
-    lp.stream = stream_;
-    launch_l2_norm(lp);
-    DeltaRuleParams dp;
-    dp.qkv = gdn_conv_.f() + b * C;
-    dp.qkv_stride = C;
-    dp.beta = gdn_beta_.f() + b * nv;
-    dp.g = gdn_g_.f() + b * nv;
-    dp.out = gdn_o_.f() + b * V;
-    dp.out_stride = V;
-    dp.state = rm.ssm(il);
-    dp.n_tok = e - b;
-    dp.n_v_head = nv;
-    dp.n_k_head = nk;
-    dp.d = dh;
-    dp.kv_head_tiled = sp.kv_head_tiled;
-    dp.q_scale = 1.0f / std::sqrt(static_cast<float>(dh));
-    dp.stream = stream_;
-    launch_delta_rule(dp);
-    if (snap && snap->wants_snapshot(pos0_ + e, pos0_, pos0_ + n)) stage_snapshot(*snap, rm, il, pos0_ + e);
-    b = e;
-  }
-
-  // o = rms(o) * ssm_norm * silu(z) per value head
-  norm_rows(DeviceNorm{d.ssm_norm, nullptr}, gdn_o_.f(), gdn_o_.f(), n * nv, dh, dh, false);
-  GluParams g;
-  g.gate = gdn_z_.f();
-  g.up = gdn_o_.f();
-  g.gate_stride = g.up_stride = V;
-  g.out = gdn_o_.f();  // element by element: each output is its own up input
-  g.n = V;
-  g.n_tok = n;
-  g.stream = stream_;
-  launch_glu(g);
-  // x = x + ssm_out(o); x = x + ffn(rms(x) * ffn_norm)
-  enqueue_residual_ffn(p, d, d.ssm_out, gdn_o_.f(), V);
-}
-
-void CudaBackend::stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos) {
-  const RecurrentState::LayerShape shape = s.shape(il);
-  const size_t conv_n = static_cast<size_t>(shape.conv), ssm_n = static_cast<size_t>(shape.ssm);
-  FRINK_ASSERT(snap_used_ + conv_n + ssm_n <= snap_floats_, "snapshot staging too small");
-  const PendingSnap ps{&s, pos, il, snap_used_, snap_used_ + conv_n};
-  // Stream-ordered: the copies read the state as it stands after this segment's kernels.
-  if (conv_n > 0)
-    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_ + ps.conv_off, rm.conv(il), conv_n * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
-  if (ssm_n > 0)
-    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_ + ps.ssm_off, rm.ssm(il), ssm_n * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
-  snap_used_ += conv_n + ssm_n;
-  pending_snaps_.push_back(ps);
-}
-
-RecurrentMirror& CudaBackend::ready_recurrent(RecurrentState& s) {
-  std::unique_ptr<RecurrentMirror>& slot = rec_mirrors_[&s];
-  if (!slot) {
-    std::vector<bool> on_device(static_cast<size_t>(m_.hp.n_layer));
-    for (int64_t il = 0; il < m_.hp.n_layer; ++il)
-      on_device[static_cast<size_t>(il)] = m_.hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone &&
-                                           refusal_[static_cast<size_t>(il)] == Refusal::kNone;
-    try {
-      slot = std::make_unique<RecurrentMirror>(s, on_device);
-    } catch (...) {
-      rec_mirrors_.erase(&s);
-      throw;
-    }
-    FRINK_LOG_DEBUG("device: recurrent state mirror of {:.1f} MiB", slot->bytes() / 1048576.0);
-  }
-  // A state still linked to another backend pulls from it and leaves it first.
-  s.attach_device(this);
-  return *slot;
-}
-
-void CudaBackend::pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) {
-  auto it = rec_mirrors_.find(const_cast<RecurrentState*>(&s));
-  FRINK_ASSERT(it != rec_mirrors_.end(), "pull from a state this device holds no copy of");
-  it->second->pull(layer, conv, ssm, stream_);
-}
-
-void CudaBackend::forget(const RecurrentState& s) noexcept {
-  auto it = rec_mirrors_.find(const_cast<RecurrentState*>(&s));
-  if (it == rec_mirrors_.end()) return;
-  cudaStreamSynchronize(stream_);  // no queued work may still write the buffers freed below
-  std::erase_if(pending_rec_, [&](const PendingRec& pr) { return pr.state == &s; });
-  std::erase_if(pending_snaps_, [&](const PendingSnap& ps) { return ps.state == &s; });
-  rec_mirrors_.erase(it);
-}
 
 // Final norm, output projection (and softcap) of residual rows [first, first + n) into
 // logits_ (sized by the caller).
@@ -1182,10 +844,10 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   }
 }
 
-}  // namespace
+}  // namespace detail
 
 std::unique_ptr<DeviceBackend> make_cuda_backend(const Model& m, const DeviceHooks& hooks) {
-  return std::make_unique<CudaBackend>(m, hooks);
+  return std::make_unique<detail::CudaBackend>(m, hooks);
 }
 
 }  // namespace frink::cuda

@@ -1,0 +1,193 @@
+// The CudaBackend class, shared by the files that implement it (cuda_backend.cpp: batches,
+// attention layers, the head, token graphs; cuda_backend_recurrent.cpp: gated delta net
+// layers and the recurrent state mirror link). Internal to src/cuda: the rest of frink sees
+// DeviceBackend through make_cuda_backend (cuda_backend.h) only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/device_probe.h"
+#include "cuda/device_weights.h"
+#include "cuda/kv_mirror.h"
+#include "cuda/matmul.cuh"
+#include "cuda/pick.cuh"
+#include "cuda/recurrent_mirror.h"
+#include "engine/device_backend.h"
+#include "kv/recurrent_state.h"
+#include "model/model.h"
+
+namespace frink::cuda::detail {
+
+// A device buffer that only grows (sized for the largest batch seen).
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  ~DevBuf() { cudaFree(p); }
+  void ensure(size_t n) {
+    if (n <= bytes) return;
+    FRINK_CUDA_CHECK(cudaFree(p));
+    p = nullptr;
+    bytes = 0;  // if the allocation below fails, the buffer says it holds nothing
+    FRINK_CUDA_CHECK(cudaMalloc(&p, n));
+    bytes = n;
+  }
+  float* f() const { return static_cast<float*>(p); }
+};
+
+class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
+ public:
+  CudaBackend(const Model& m, const DeviceHooks& hooks);
+  ~CudaBackend() override;
+
+  std::string describe() const override;
+  double peak_gbps() const override { return info_.peak_gbps; }
+  Refusal check_layer(int64_t il) const override { return refusal_[static_cast<size_t>(il)]; }
+  Refusal check_output() const override { return refusal_.back(); }
+  void begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* const> caches, RecurrentState* recurrent) override;
+  void upload(const float* x) override;
+  void download(float* x) override;
+  void run_layer(int64_t il, KvCache& cache) override;
+  void run_recurrent_layer(int64_t il, RecurrentState& state) override;
+  void output_logits(int64_t first, int64_t n, float* logits) override;
+  void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, RecurrentState* recurrent,
+                 float* logits, TokenPick* pick) override;
+  // RecurrentDeviceLink
+  void pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) override;
+  void forget(const RecurrentState& s) noexcept override;
+
+ private:
+  struct Pending {
+    KvCache* cache;
+    KvMirror* mirror;
+    size_t k_off, v_off;  // floats into staging_
+  };
+  // What a token graph runs for one layer: an attention layer's mirror and staging, or a
+  // recurrent layer's state mirror.
+  struct LayerRun {
+    KvMirror* kv = nullptr;
+    Pending pd{};
+    RecurrentMirror* rec = nullptr;
+  };
+  // Recurrent work enqueued and not yet landed (flush tells the state the device is ahead),
+  // and snapshots on their way to the host (saved into the state at flush).
+  struct PendingRec {
+    RecurrentState* state;
+    RecurrentMirror* mirror;
+    int64_t layer;
+  };
+  struct PendingSnap {
+    RecurrentState* state;
+    int64_t pos, layer;
+    size_t conv_off, ssm_off;  // floats into snap_staging_
+  };
+  // Layer p's mirror of cache, made ready for n_new rows (staleness settled, room made, and
+  // device memory found for a growth by evicting other sequences' mirrors if need be).
+  KvMirror& ready_mirror(KvCache& cache, const LayerPlan& p, int64_t n_new);
+  void evict_mirrors(size_t bytes_wanted);
+  // Books staging room for the batch's new rows of one layer (in layer order, so a token's
+  // offsets are the same every step) and queues them for flush().
+  Pending add_pending(KvCache& cache, KvMirror& mirror);
+  // The device work of layer il / of the head; max_keys bounds the attention grid.
+  void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
+  // Gated delta net layer il on the batch, its recurrence cut at the batch-relative segment
+  // ends `ends` (ascending, the last n_tok_); when snap is set, the state after each end
+  // the state wants a snapshot of is copied out (stage_snapshot).
+  void enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends, RecurrentState* snap);
+  // x = x + proj(branch) (+ sandwich norm), x = x + ffn(ffn_norm(x)): the tail of a layer.
+  void enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj, const float* branch,
+                            int64_t branch_w);
+  // The sequence's recurrent mirror (made on first use; the state is linked to this backend).
+  RecurrentMirror& ready_recurrent(RecurrentState& s);
+  void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos);
+  void clear_pending();  // a failed batch's bookkeeping, forgotten
+  void enqueue_head(int64_t first, int64_t n);
+  // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k.
+  std::vector<uintptr_t> graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k) const;
+  cudaGraphExec_t capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k);
+  cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs, int64_t max_keys,
+                                  int pick_k);
+  MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
+  // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual).
+  void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+              const float* residual = nullptr);
+  void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
+  void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
+  void moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
+  // An expert product: slot s multiplies its routed expert with activation row s / x_div.
+  MatmulParams expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div, float* y,
+                             int64_t y_stride);
+  void flush();  // waits, then lands pending K/V rows on the host
+
+  const Model& m_;
+  DeviceHooks hooks_;
+  DeviceInfo info_;
+  DeviceWeights w_;
+  std::vector<Refusal> refusal_;  // per layer, then the output head
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  // Mirrors by host cache. Nothing tells the device a Session ended, so when a mirror's
+  // allocation would not fit in device memory (or in hooks_.mirror_budget_bytes), mirrors
+  // of caches the current batch does not use are evicted, least recently used first; a cache
+  // that comes back meets a fresh mirror and the staleness rule uploads its history. Memory,
+  // not a count, triggers it: a count cap made sequences taking turns evict each other.
+  struct MirrorSlot {
+    std::unique_ptr<KvMirror> mirror;
+    uint64_t last_use = 0;  // batch_tick_ of its last batch
+  };
+  std::unordered_map<const KvCache*, MirrorSlot> mirrors_;
+  uint64_t batch_tick_ = 0;
+  // Recurrent state mirrors by host state. Each state is linked to this backend while its
+  // mirror exists; it tells us when it goes away (forget), and we detach from every state,
+  // pulling what is ahead, before we go away.
+  std::unordered_map<RecurrentState*, std::unique_ptr<RecurrentMirror>> rec_mirrors_;
+  std::vector<PendingRec> pending_rec_;
+  std::vector<PendingSnap> pending_snaps_;
+  float* snap_staging_ = nullptr;  // pinned: snapshot states on their way to the host
+  size_t snap_floats_ = 0, snap_used_ = 0;
+
+  int64_t n_tok_ = 0, pos0_ = 0;
+  DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
+  DevBuf attn_gate_;  // gated attention (attn_out_gate): the gate half of wq's output
+  // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the
+  // shared expert's output and gate logit.
+  DevBuf moe_logits_, moe_ids_, moe_w_, moe_gu_, moe_hidden_, moe_y_, moe_sh_y_, moe_sh_g_;
+  // Gated delta net: the q|k|v projection and its conv output, z, the raw beta|alpha, the
+  // gates, the delta rule's output.
+  DevBuf gdn_qkv_, gdn_conv_, gdn_z_, gdn_ba_, gdn_beta_, gdn_g_, gdn_o_;
+  size_t scratch_elems_ = 0;
+  float* staging_ = nullptr;  // pinned: new K/V rows on their way to the host caches
+  DevBuf dstage_;             // the same rows on the device, at the same offsets
+  size_t staging_floats_ = 0, staging_used_ = 0, staging_landed_ = 0;
+  std::vector<Pending> pending_;
+  int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
+  int32_t* pos_host_ = nullptr;  // pinned source of that copy
+  // run_token's pick: parameters (device, and the pinned copy sent each step), the chosen id
+  // or top-k (device, pinned landing place), scratch for the reductions.
+  PickDev* pick_dev_ = nullptr;
+  PickDev* pick_host_ = nullptr;
+  int32_t* pick_ids_dev_ = nullptr;  // [kPickMaxTopK]; [0] is the argmax
+  float* pick_vals_dev_ = nullptr;
+  int32_t* pick_ids_host_ = nullptr;
+  float* pick_vals_host_ = nullptr;
+  DevBuf pick_scratch_;
+  // Captured token graphs by key, most recent last: a few, so sequences that take turns on
+  // one backend (a server's slots) each keep theirs instead of recapturing every step.
+  struct TokenGraph {
+    std::vector<uintptr_t> key;
+    cudaGraphExec_t exec = nullptr;
+  };
+  static constexpr size_t kMaxTokenGraphs = 8;
+  std::vector<TokenGraph> token_graphs_;
+  int64_t n_captures_ = 0, n_evictions_ = 0;
+};
+
+}  // namespace frink::cuda::detail

@@ -1,0 +1,193 @@
+// CudaBackend's gated delta net layers and its side of the recurrent state link (see
+// cuda_backend_impl.h; the batch, attention and graph machinery is in cuda_backend.cpp).
+//
+// Gated delta nets (hybrids): a recurrent layer is ONE submission too (norm, projections,
+// gates, conv, the delta rule, gated norm, output projection, residual, FFN), enqueued on the
+// same stream, so a run of recurrent layers and the attention layers between them costs no
+// wait. The sequence's recurrent state lives in a RecurrentMirror that the kernels update in
+// place: nothing crosses to the host per token, the device is left AHEAD of the host's
+// RecurrentState (told at the wait, flush()), and the state pulls from here whenever the host
+// reads it (RecurrentDeviceLink::pull). Snapshots the state wants are copied to pinned
+// staging at their segment ends and saved into the state at flush(). In a token graph the
+// recurrent layers read and write the mirror's fixed addresses (part of the graph key), so
+// replays need nothing new; a snapshot after the token is copied out after the replay.
+#include <cmath>
+#include <span>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "cuda/cuda_backend_impl.h"
+#include "cuda/delta_net.cuh"
+#include "cuda/elementwise.cuh"
+#include "cuda/norm.cuh"
+
+namespace frink::cuda::detail {
+
+void CudaBackend::run_recurrent_layer(int64_t il, RecurrentState& state) {
+  const LayerPlan& p = m_.hp.layers[static_cast<size_t>(il)];
+  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone && p.recurrent == RecurrentKind::kGatedDeltaNet,
+               "run_recurrent_layer on layer {}", il);
+  RecurrentMirror& rm = ready_recurrent(state);
+  rm.prepare(state, il, stream_);
+  // The host body's segments (cpu::recurrent_layer): cut after every position the state keeps
+  // a snapshot of, so the snapshot is the state there whatever the batch boundaries were.
+  std::vector<int64_t> ends;
+  for (int64_t pos = pos0_ + 1; pos <= pos0_ + n_tok_; ++pos)
+    if (pos == pos0_ + n_tok_ || state.wants_snapshot(pos, pos0_, pos0_ + n_tok_)) ends.push_back(pos - pos0_);
+  rm.running(il);  // before the first launch: a throw below leaves the copy untrusted
+  pending_rec_.push_back({&state, &rm, il});
+  enqueue_delta_net(il, rm, ends, &state);
+}
+
+// The host's delta_net_layer (cpu/recurrent_layer.cpp) step by step, every step on the device.
+void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends,
+                                    RecurrentState* snap) {
+  const Hparams& hp = m_.hp;
+  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  const DeviceLayer& d = w_.layer(il);
+  const SsmPlan& sp = p.ssm;
+  const int64_t E = hp.n_embd, n = n_tok_, C = sp.conv_channels(), dh = sp.d_state;
+  const int64_t nk = sp.n_group, nv = sp.n_v_head, V = sp.d_inner;
+  FRINK_ASSERT(!ends.empty() && ends.back() == n, "segments must end at the batch end");
+
+  // h = rms(x) * attn_norm; qkv = attn_qkv h; z = attn_gate h; beta, alpha = ssm_ba h (or ssm_beta h, ssm_alpha h)
+  norm_rows(d.attn_norm, x_.f(), h_.f(), n, E, E, hp.norm == NormKind::kLayer);
+  MatmulParams ps[4];
+  int n_ps = 0;
+  ps[n_ps++] = matmul_params(d.ssm_qkv, h_.f(), E, gdn_qkv_.f(), C);
+  ps[n_ps++] = matmul_params(d.ssm_z, h_.f(), E, gdn_z_.f(), V);
+  if (d.ssm_ba) {
+    ps[n_ps++] = matmul_params(d.ssm_ba, h_.f(), E, gdn_ba_.f(), 2 * nv);
+  } else {  // beta and alpha side by side, as the gates kernel reads them
+    ps[n_ps++] = matmul_params(d.ssm_beta, h_.f(), E, gdn_ba_.f(), 2 * nv);
+    ps[n_ps++] = matmul_params(d.ssm_alpha, h_.f(), E, gdn_ba_.f() + nv, 2 * nv);
+  }
+  launch_matmuls(ps, n_ps);  // one rounding of h for all of them
+  // beta = sigmoid(b); g = softplus(a + dt_bias) * ssm_a
+  DeltaGatesParams gp;
+  gp.ba = gdn_ba_.f();
+  gp.fused = static_cast<bool>(d.ssm_ba);
+  gp.n_tok = n;
+  gp.n_v_head = nv;
+  gp.n_k_head = nk;
+  gp.dt_bias = d.ssm_dt_b;
+  gp.a = d.ssm_a;
+  gp.beta = gdn_beta_.f();
+  gp.g = gdn_g_.f();
+  gp.stream = stream_;
+  launch_delta_gates(gp);
+
+  // Segment by segment: qkv = silu(conv1d(qkv)) against the conv state; q, k = l2norm(q),
+  // l2norm(k) per key head; o = gated_delta_rule(q / sqrt(d), k, v, g, beta) against the state.
+  int64_t b = 0;
+  for (const int64_t e : ends) {
+    ConvParams cp;
+    cp.x = gdn_qkv_.f() + b * C;
+    cp.x_stride = C;
+    cp.y = gdn_conv_.f() + b * C;
+    cp.y_stride = C;
+    cp.n_tok = e - b;
+    cp.channels = C;
+    cp.width = sp.d_conv;
+    cp.w = d.ssm_conv1d;
+    cp.bias = d.ssm_conv1d_b;
+    cp.state = rm.conv(il);
+    cp.stream = stream_;
+    launch_conv1d_silu(cp);
+    L2NormParams lp;
+    lp.x = gdn_conv_.f() + b * C;
+    lp.x_stride = C;
+    lp.n_tok = e - b;
+    lp.n_head = 2 * nk;  // q heads then k heads, contiguous
+    lp.n = dh;
+    lp.eps = hp.norm_eps;
+    lp.stream = stream_;
+    launch_l2_norm(lp);
+    DeltaRuleParams dp;
+    dp.qkv = gdn_conv_.f() + b * C;
+    dp.qkv_stride = C;
+    dp.beta = gdn_beta_.f() + b * nv;
+    dp.g = gdn_g_.f() + b * nv;
+    dp.out = gdn_o_.f() + b * V;
+    dp.out_stride = V;
+    dp.state = rm.ssm(il);
+    dp.n_tok = e - b;
+    dp.n_v_head = nv;
+    dp.n_k_head = nk;
+    dp.d = dh;
+    dp.kv_head_tiled = sp.kv_head_tiled;
+    dp.q_scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    dp.stream = stream_;
+    launch_delta_rule(dp);
+    if (snap && snap->wants_snapshot(pos0_ + e, pos0_, pos0_ + n)) stage_snapshot(*snap, rm, il, pos0_ + e);
+    b = e;
+  }
+
+  // o = rms(o) * ssm_norm * silu(z) per value head
+  norm_rows(DeviceNorm{d.ssm_norm, nullptr}, gdn_o_.f(), gdn_o_.f(), n * nv, dh, dh, false);
+  GluParams g;
+  g.gate = gdn_z_.f();
+  g.up = gdn_o_.f();
+  g.gate_stride = g.up_stride = V;
+  g.out = gdn_o_.f();  // element by element: each output is its own up input
+  g.n = V;
+  g.n_tok = n;
+  g.stream = stream_;
+  launch_glu(g);
+  // x = x + ssm_out(o); x = x + ffn(rms(x) * ffn_norm)
+  enqueue_residual_ffn(p, d, d.ssm_out, gdn_o_.f(), V);
+}
+
+void CudaBackend::stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos) {
+  const RecurrentState::LayerShape shape = s.shape(il);
+  const size_t conv_n = static_cast<size_t>(shape.conv), ssm_n = static_cast<size_t>(shape.ssm);
+  FRINK_ASSERT(snap_used_ + conv_n + ssm_n <= snap_floats_, "snapshot staging too small");
+  const PendingSnap ps{&s, pos, il, snap_used_, snap_used_ + conv_n};
+  // Stream-ordered: the copies read the state as it stands after this segment's kernels.
+  if (conv_n > 0)
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_ + ps.conv_off, rm.conv(il), conv_n * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+  if (ssm_n > 0)
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_ + ps.ssm_off, rm.ssm(il), ssm_n * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+  snap_used_ += conv_n + ssm_n;
+  pending_snaps_.push_back(ps);
+}
+
+RecurrentMirror& CudaBackend::ready_recurrent(RecurrentState& s) {
+  std::unique_ptr<RecurrentMirror>& slot = rec_mirrors_[&s];
+  if (!slot) {
+    std::vector<bool> on_device(static_cast<size_t>(m_.hp.n_layer));
+    for (int64_t il = 0; il < m_.hp.n_layer; ++il)
+      on_device[static_cast<size_t>(il)] = m_.hp.layers[static_cast<size_t>(il)].recurrent != RecurrentKind::kNone &&
+                                           refusal_[static_cast<size_t>(il)] == Refusal::kNone;
+    try {
+      slot = std::make_unique<RecurrentMirror>(s, on_device);
+    } catch (...) {
+      rec_mirrors_.erase(&s);
+      throw;
+    }
+    FRINK_LOG_DEBUG("device: recurrent state mirror of {:.1f} MiB", slot->bytes() / 1048576.0);
+  }
+  // A state still linked to another backend pulls from it and leaves it first.
+  s.attach_device(this);
+  return *slot;
+}
+
+void CudaBackend::pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) {
+  auto it = rec_mirrors_.find(const_cast<RecurrentState*>(&s));
+  FRINK_ASSERT(it != rec_mirrors_.end(), "pull from a state this device holds no copy of");
+  it->second->pull(layer, conv, ssm, stream_);
+}
+
+void CudaBackend::forget(const RecurrentState& s) noexcept {
+  auto it = rec_mirrors_.find(const_cast<RecurrentState*>(&s));
+  if (it == rec_mirrors_.end()) return;
+  cudaStreamSynchronize(stream_);  // no queued work may still write the buffers freed below
+  std::erase_if(pending_rec_, [&](const PendingRec& pr) { return pr.state == &s; });
+  std::erase_if(pending_snaps_, [&](const PendingSnap& ps) { return ps.state == &s; });
+  rec_mirrors_.erase(it);
+}
+
+}  // namespace frink::cuda::detail
