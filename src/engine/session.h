@@ -1,6 +1,8 @@
 // Session: one sequence's state. Its KvCache per attention layer and its RecurrentState for
 // the recurrent layers of a hybrid model (host, authoritative), the tokens it has consumed,
-// and the context size it was planned for.
+// and the context size it was planned for. A device may hold a newer recurrent state than
+// the host between steps; the RecurrentState pulls it on any host access (copying the
+// session included), so a Session is still a plain value to everything above it.
 #pragma once
 
 #include <cstdint>
