@@ -244,7 +244,9 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
                                                      {GgmlType::Q8_0, GgmlType::Q8_0},
                                                      {GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q6_K},
                                                      {GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0},
-                                                     {GgmlType::BF16, GgmlType::BF16}};
+                                                     {GgmlType::BF16, GgmlType::BF16},
+                                                     {GgmlType::F32, GgmlType::F32, GgmlType::F32},
+                                                     {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::F32}};
   const int64_t n_in = 512;
   for (int64_t n_tok : {1, 3, 12}) {
     for (const auto& types : groups) {
@@ -265,6 +267,9 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
         p.scratch = scratch.p;
         p.scratch_elems = scratch.n;
         p.act_round = dact.p;
+        // A prefill group whose first product is matvec_only (as a router): the products after
+        // it take cuBLAS and must prepare x themselves (it left no 16-bit copy behind).
+        p.matvec_only = i == 0 && n_tok > cuda::kMatvecMaxTok;
         ps.push_back(p);
       }
       cuda::launch_matmuls(ps.data(), static_cast<int>(ps.size()));
