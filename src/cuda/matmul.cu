@@ -1051,9 +1051,12 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     // The run of products this launch takes: p alone, or with the next ones of its type
     // when all stream (their rows share one launch).
     int run = 1;
+    // (Each product's own preparation: a matvec_only product streams, the cuBLAS ones after
+    // it do not, though their types match.)
     if (streams(p, kind) && !p.slot_expert)
       while (run < kMaxSegs && i + run < n && ps[i + run].type == p.type && !ps[i + run].slot_expert &&
-             streams(ps[i + run], kind))
+             act_prep_for(ps[i + run]) == kind && streams(ps[i + run], kind) &&
+             takes_matvec(ps[i + run]) == takes_matvec(p))
         ++run;
 #define FRINK_CASE(T)                      \
   if (p.type == T) {                       \
