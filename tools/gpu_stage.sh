@@ -15,8 +15,12 @@ cp "$build/frink" "$build/tests/test_gpu" "$G/bin/"
 for so in libfmt.so.9 libpcre2-8.so.0; do cp -L "$(ldconfig -p | awk -v n=$so '$1 == n {print $NF; exit}')" "$G/lib/"; done
 rm -rf "$G/testdata/llamacpp/quant" && cp -r "$shared/llamacpp/quant" "$G/testdata/llamacpp/quant" &&
   rm -rf "$G/testdata/llamacpp/quant/dequant"  # the GPU tests do not read it
-# Three of the seven dense archs (64 MiB): plain llama, QK-norm (qwen3), softcaps + window (gemma2).
-for f in llama-dense qwen3-dense gemma2-dense; do cp "$shared/llamacpp/archs/$f.gguf" "$G/testdata/llamacpp/archs/"; done
+# Arch fixtures: by default three dense ones (plain llama, QK-norm qwen3, softcaps + window
+# gemma2); the carry limit leaves room for about 26 MiB of them, so the GGUF hybrids
+# (ARCHS="qwen3next-moe qwen35-dense qwen35moe-moe", read by the HybridDevice tests) take a call
+# of their own.
+rm -f "$G/testdata/llamacpp/archs/"*.gguf
+for f in ${ARCHS:-llama-dense qwen3-dense gemma2-dense}; do cp "$shared/llamacpp/archs/$f.gguf" "$G/testdata/llamacpp/archs/"; done
 cp "$shared/models/stories260K.gguf" "$G/testdata/models/"
 mkdir -p "$root/.fixtures/carry"
 tar -C "$G" -cf - bin lib testdata | xz -6 -T0 > "$root/.fixtures/carry/gpu.tar.xz"
