@@ -1,0 +1,178 @@
+// Activation preparation for the matrix products: x rounded to the format the host's dot
+// product of each weight type reads (so device and host products differ only in summation
+// order), or quantized to int8 blocks for the dp4a decode kernels.
+#include <cuda_fp16.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/matmul_parts.cuh"
+
+namespace frink::cuda::mm {
+
+namespace {
+
+// f16/bf16 rounding: one thread per element.
+__global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, bool bf16,
+                                      float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_in * n_tok; i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[(i / n_in) * x_stride + i % n_in];
+    out[i] = bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
+  }
+}
+
+// Q8_K's scale source over a 256-block held by a warp as v[k] = element lane + 32 k: the
+// signed value of the FIRST element of largest magnitude (the host's strict '>' scan), and
+// that magnitude in amax (0 for an all-zero block). Lanes scan their own elements in index
+// order; the reduction keeps the larger magnitude, on a tie the lower index.
+__device__ __forceinline__ float q8k_signed_max(const float (&v)[8], float& amax) {
+  const int lane = threadIdx.x % 32;
+  float mx = 0.0f;
+  int idx = INT32_MAX;
+  amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    if (fabsf(v[k]) > amax) {
+      amax = fabsf(v[k]);
+      mx = v[k];
+      idx = lane + 32 * k;
+    }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float a2 = __shfl_xor_sync(0xffffffffu, amax, off), m2 = __shfl_xor_sync(0xffffffffu, mx, off);
+    const int i2 = __shfl_xor_sync(0xffffffffu, idx, off);
+    if (a2 > amax || (a2 == amax && i2 < idx)) {
+      amax = a2;
+      mx = m2;
+      idx = i2;
+    }
+  }
+  return mx;
+}
+
+// Q8 blocks (32) and Q8_K blocks (256): one warp per block, lane j holding elements
+// j + 32 k, so loads and stores are coalesced (v1 gave each thread a whole block and read it
+// serially: 65 us per 4096 x 512 activation on the H200, 14% of a pp512 batch). The
+// arithmetic is the host's, element for element; only the reductions are parallel, and
+// max is exact in any order. Q8_K takes the signed value of the FIRST element of largest
+// magnitude (the host's strict '>'), so ties break to the lowest index here too.
+template <int BS>
+__global__ void act_round_block_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, float* out) {
+  constexpr int kPer = BS / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t n_blk = n_in / BS;
+  const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  if (g >= n_blk * n_tok) return;
+  const int64_t t = g / n_blk, b = g % n_blk;
+  const float* xs = x + t * x_stride + b * BS;
+  float* o = out + t * n_in + b * BS;
+  float v[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) v[k] = xs[lane + 32 * k];
+  if constexpr (BS == 32) {
+    float amax = fabsf(v[0]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float dh = __half2float(__float2half_rn(d));
+    o[lane] = roundf(v[0] * id) * dh;
+  } else {
+    float amax;
+    const float mx = q8k_signed_max(v, amax);
+    if (amax == 0.0f) {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) o[lane + 32 * k] = 0.0f;
+      return;
+    }
+    const float iscale = -127.f / mx, d = 1 / iscale;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) o[lane + 32 * k] = fminf(127.0f, rintf(iscale * v[k])) * d;
+  }
+}
+
+// dp4a path (Q4_0, Q8_0; used when act_round is given): x is quantized once per matmul to
+// int8 Q8_0 blocks with the host's rule (d = amax/127, q = roundf(x/d), d kept as f16), then
+// one warp per row dots 4-byte chunks of weight quants with the int8 activation (__dp4a) and
+// scales each 32-block by d_w * d_x (the host's vec_dot_q4_0_q8_0 / q8_0_q8_0 arithmetic).
+// One warp per Q8 block: lane j quantizes element j. xq: [n_tok][n_in] int8, xd: [n_tok][n_in/32].
+__global__ void quantize_q8_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, int8_t* xq,
+                                   float* xd) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n_blk = n_in / 32;
+  const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  if (g >= n_blk * n_tok) return;
+  const int64_t t = g / n_blk, b = g % n_blk;
+  const float v = x[t * x_stride + b * 32 + lane];
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
+  xq[t * n_in + b * 32 + lane] = static_cast<int8_t>(roundf(v * id));
+  if (lane == 0) xd[t * n_blk + b] = __half2float(__float2half_rn(d));
+}
+
+__device__ __forceinline__ int warp_isum(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One warp per 256-block; lane j holds elements j + 32 k, so element sub-block (32) k is the
+// warp's k-th column and its sum one warp reduction.
+__global__ void quantize_q8k_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, Q8KAct a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n_blk = n_in / 256;
+  const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  if (g >= n_blk * n_tok) return;
+  const int64_t t = g / n_blk, b = g % n_blk;
+  const float* xs = x + t * x_stride + b * 256;
+  float v[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = xs[lane + 32 * k];
+  float amax;
+  const float mx = q8k_signed_max(v, amax);
+  int8_t* q = a.q + t * n_in + b * 256;
+  int32_t* sum = a.sum + t * (n_in / 32) + b * 8;
+  const float iscale = amax == 0.0f ? 0.0f : -127.f / mx;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int qi = amax == 0.0f ? 0 : static_cast<int>(fminf(127.0f, rintf(iscale * v[k])));
+    q[lane + 32 * k] = static_cast<int8_t>(qi);
+    const int s = warp_isum(qi);
+    if (lane == 0) sum[k] = s;
+  }
+  if (lane == 0) a.d[t * n_blk + b] = amax == 0.0f ? 0.0f : 1 / iscale;
+}
+
+}  // namespace
+
+void launch_act_round(const MatmulParams& p, ActRound kind) {
+  if (kind == kActF16 || kind == kActBF16) {
+    const int64_t n = p.n_in * p.n_tok;
+    act_round_elem_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)), 256, 0, p.stream>>>(
+        p.x, p.x_stride, p.n_in, p.n_tok, kind == kActBF16, p.act_round);
+  } else {
+    const int64_t bs = kind == kActQ8Blocks ? 32 : 256;
+    const int64_t n_warps = p.n_tok * (p.n_in / bs);
+    const unsigned grid = static_cast<unsigned>((n_warps + 7) / 8);
+    if (kind == kActQ8Blocks)
+      act_round_block_kernel<32><<<grid, 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok, p.act_round);
+    else
+      act_round_block_kernel<256><<<grid, 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok, p.act_round);
+  }
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_quantize_q8(const MatmulParams& p, int8_t* xq, float* xd) {
+  const int64_t n_warps = p.n_tok * (p.n_in / 32);
+  quantize_q8_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok,
+                                                                                     xq, xd);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x) {
+  const int64_t n_warps = p.n_tok * (p.n_in / 256);
+  quantize_q8k_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok,
+                                                                                      x);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace frink::cuda::mm

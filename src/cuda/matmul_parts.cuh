@@ -1,0 +1,184 @@
+// What the matrix-product files share (matmul.cu routes, act_prep.cu prepares activations,
+// matvec.cu holds the decode kernels, gemm.cu the cuBLAS path): the kernels' argument block,
+// the epilogue, the activation formats and the launch helpers. Only for src/cuda/*.cu.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/dequant.cuh"
+#include "cuda/matmul.cuh"
+
+namespace frink::cuda::mm {
+
+struct Args {
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t n_in, n_out, x_stride, y_stride;
+  const float* x;
+  float* y;
+  const float* bias;
+  float scale;
+  bool bias_before_scale;
+  const float* residual;  // matrix-vector kernels: added to y (stride y_stride; may alias y)
+  // Expert products (MatmulParams::slot_expert): see select_slot.
+  const int32_t* slot_expert;
+  size_t expert_bytes;
+  int64_t x_div;
+  const float* expert_scale;
+  int64_t slot0;  // the launch's first slot (grid y covers at most 65535)
+};
+
+inline Args args_of(const MatmulParams& p) {
+  return {static_cast<const uint8_t*>(p.w), p.row_bytes, p.n_in, p.n_out, p.x_stride, p.y_stride,
+          p.x, p.y, p.bias, p.scale, p.bias_before_scale, p.residual,
+          p.slot_expert, p.expert_bytes, p.x_div, p.expert_scale, 0};
+}
+
+// Expert mode (a.slot_expert set): the block's grid row blockIdx.y is slot s. Points a at
+// expert slot_expert[s]'s matrix, bias row and scale and at output row s, and returns the
+// activation row the slot reads (s / x_div). Otherwise returns 0 and changes nothing.
+__device__ __forceinline__ int64_t select_slot(Args& a) {
+  if (!a.slot_expert) return 0;
+  const int64_t s = a.slot0 + blockIdx.y, e = a.slot_expert[s];
+  a.w += e * a.expert_bytes;
+  a.y += s * a.y_stride;
+  if (a.bias) a.bias += e * a.n_out;
+  if (a.expert_scale) a.scale = a.expert_scale[e];
+  return s / a.x_div;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float epilogue(const Args& a, int64_t row, float v) {
+  const float b = a.bias ? a.bias[row] : 0.0f;
+  if (a.bias_before_scale) return (v + b) * a.scale;
+  return v * a.scale + b;
+}
+
+// The end of every matrix-vector kernel: a warp's NT partial sums of one row, reduced across
+// the lanes, through the epilogue into y.
+template <int NT>
+__device__ __forceinline__ void store_row(const Args& a, int64_t row, const float (&acc)[NT]) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (threadIdx.x % 32 == 0) {
+      float* y = a.y + t * a.y_stride + row;
+      // The residual read before y is written: they may be the same element.
+      *y = a.residual ? epilogue(a, row, v) + a.residual[t * a.y_stride + row] : epilogue(a, row, v);
+    }
+  }
+}
+
+// The host's activation formats (quant/quant.h vec_dot_type), emulated value for value:
+// kQ8Blocks = quantize_q8_0/q8_1 then dequantize (d rounded to f16), kQ8K = quantize_q8_k.
+// kActDp4a: x quantized to int8 Q8_0 blocks plus f32 scales for the dp4a kernel;
+// kActDp4aK: to int8 Q8_K blocks (f32 scale per 256, int sums per 32) for the K-quant one.
+enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16, kActDp4a, kActDp4aK };
+
+constexpr ActRound act_round_for(int type) {
+  switch (type) {
+    case kQ4_0: case kQ5_0: case kQ8_0: case kIQ4_NL: case kMXFP4: case kQ4_1: case kQ5_1: return kActQ8Blocks;
+    case kQ2_K: case kQ3_K: case kQ4_K: case kQ5_K: case kQ6_K: case kIQ4_XS: return kActQ8K;
+    case kF16: return kActF16;
+    case kBF16: return kActBF16;
+    default: return kActNone;
+  }
+}
+
+inline int grid_for(int64_t n, int threads) {
+  return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 4));
+}
+
+// a0 for activation rows t0 on (x, y and residual advanced t0 rows).
+inline Args args_at(const MatmulParams& p, Args a0, int64_t t0) {
+  a0.x = p.x + t0 * p.x_stride;
+  a0.y = p.y + t0 * p.y_stride;
+  a0.residual = p.residual ? p.residual + t0 * p.y_stride : nullptr;
+  return a0;
+}
+
+// The launches of a matrix-vector product, for every kernel family: f(args, grid, t0, four)
+// launches once with activation row t0 and four (NT 4) or one (NT 1) token rows. Decode
+// batches go four tokens at a time, then one; expert mode (one activation row per slot) in
+// chunks of slots that grid y can hold, NT 1.
+template <typename F>
+void launch_rows(const MatmulParams& p, const Args& a0, unsigned grid_x, F f) {
+  if (p.slot_expert) {
+    constexpr int64_t kMaxY = 65535;
+    for (int64_t s0 = 0; s0 < p.n_slots; s0 += kMaxY) {
+      Args a = a0;
+      a.slot0 = s0;
+      f(a, dim3(grid_x, static_cast<unsigned>(std::min(kMaxY, p.n_slots - s0))), int64_t{0}, false);
+    }
+    return;
+  }
+  for (int64_t t0 = 0; t0 < p.n_tok;) {
+    const bool four = p.n_tok - t0 >= 4;
+    f(args_at(p, a0, t0), dim3(grid_x), t0, four);
+    t0 += four ? 4 : 1;
+  }
+}
+
+// dp4a path for Q4_K and Q6_K (the types of a Q4_K_M file), used when act_round is given: x is
+// quantized once per matmul to int8 Q8_K blocks with the host's rule (iscale = -127 / the
+// signed value of largest magnitude, q = min(127, rint(iscale x)), d = 1 / iscale), and the
+// kernels do the host's vec_dot_q4_K_q8_K / q6_K_q8_K arithmetic: integer dots per sub-block
+// weighted by the integer sub-block scales, one float scale per super-block, Q4_K's min term
+// from the activation's per-32 sums. v1 (the generic kernel: dequantize to f32, round x to
+// Q8_K values in f32, f32 FMAs) read 4 bytes of activation per weight element.
+//
+// Activation layout in act_round (bytes): int8 q [n_tok][n_in], then float d [n_tok][n_in/256],
+// then int32 sum [n_tok][n_in/32]: at most 1.14 bytes per element of the 4 available.
+struct Q8KAct {
+  int8_t* q;
+  float* d;
+  int32_t* sum;
+  // The same layout from activation row r on.
+  __host__ __device__ Q8KAct at_row(int64_t r, int64_t n_in) const {
+    return {q + r * n_in, d + r * (n_in / 256), sum + r * (n_in / 32)};
+  }
+};
+
+inline Q8KAct q8k_act(const MatmulParams& p) {
+  int8_t* q = reinterpret_cast<int8_t*>(p.act_round);
+  float* d = reinterpret_cast<float*>(q + p.n_tok * p.n_in);
+  int32_t* sum = reinterpret_cast<int32_t*>(d + p.n_tok * (p.n_in / 256));
+  return {q, d, sum};
+}
+
+// The activation each family reads: int8 Q8_0 blocks (Q4_0, Q8_0), Q8_K blocks (Q4_K, Q6_K)
+// or f32 rows already rounded to the weights' 16-bit format (F16, BF16).
+struct StagedAct {
+  const int8_t* q8;
+  const float* d8;
+  Q8KAct q8k;
+  const float* x;
+};
+
+// Products of one input a stream launch holds at most (q/k/v).
+constexpr int kMaxSegs = 3;
+
+// act_prep.cu: x rounded to the host's activation format (kind), or quantized for the dp4a
+// kernels (xq int8 [n_tok][n_in] then xd f32 [n_tok][n_in / 32]; Q8_K as Q8KAct).
+void launch_act_round(const MatmulParams& p, ActRound kind);
+void launch_quantize_q8(const MatmulParams& p, int8_t* xq, float* xd);
+void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x);
+
+// matvec.cu: decode-sized products. staged_ok: W's rows suit the stream kernel.
+bool staged_ok(const MatmulParams& p);
+template <int T>
+void matvec_launch(const MatmulParams& p, const Args& a0);  // the generic kernel, any type
+template <int T>
+void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0);  // Q4_0 Q8_0 Q4_K Q6_K F16 BF16
+
+// gemm.cu: larger batches through cuBLAS. x_ready: x's 16-bit copy is already in the scratch.
+template <int T>
+void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready);
+
+}  // namespace frink::cuda::mm

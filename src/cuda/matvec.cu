@@ -1,0 +1,521 @@
+// Matrix-vector products for decode batches (n_tok <= kMatvecMaxTok) and expert slots: each
+// weight read once, dequantized in the kernel (see matmul.cuh).
+//
+// Notebook:
+// v1 (this): one warp per weight row, 8 rows per 256-thread block; each lane decodes whole
+//   32-element pieces (dequant32) and dots them with NT activation rows read as float4 from
+//   L1, then a warp-shuffle reduction. Plain types read 8 elements (16 B of f16) per lane
+//   per step. Measured (H200, llama3.1-8b synth, bench -p 512 -n 128 -r 2): Q4_0 tg128 68.8 tok/s
+//   (290 GB/s), Q8_0 65.7 tok/s (524 GB/s).
+// v2: Q4_0 and Q8_0 with act_round set go to matvec_q8_kernel: x quantized once per matmul to
+//   int8 Q8_0 blocks (the host's rounding), 4-byte weight/activation chunks, __dp4a, one f32
+//   scale per 32-block, 4 rows (warps) per block. Same H200 run: Q4_0 tg128 148.3 tok/s
+//   (626 GB/s), pp512 3598; Q8_0 tg128 132.4 tok/s (1056 GB/s), pp512 3629 (pp512 goes through
+//   cuBLAS, unchanged). Still ~15-25% of 4.3 TB/s: the rest of the token is elsewhere
+//   (other kernels, launches); not yet profiled. Other types still take v1.
+// v2 measured again (b0f2842, CUDA graph per token, ncu): Q4_0 tg128 189 tok/s, of which the
+//   dp4a kernel 2.97 ms/token = 1.42 TB/s (33% of 4.3 TB/s); Q8_0 3.97 ms = 2.0 TB/s; BF16's
+//   f32-path matvec_kernel 6.96 ms = 2.2 TB/s.
+// v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
+//   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
+//   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <cuda_pipeline.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/matmul_parts.cuh"
+
+namespace frink::cuda::mm {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;  // the generic kernel's rows (warps) per block
+
+template <int T, int NT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= a.n_out) return;
+  a.x += select_slot(a) * a.x_stride;
+  const uint8_t* wr = a.w + row * a.row_bytes;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  if constexpr (kIsPlain<T>) {
+    // 8 elements per lane per step while whole 8-groups remain, then a scalar tail.
+    const int64_t n8 = (a.n_in % 8 == 0 && a.x_stride % 4 == 0) ? a.n_in / 8 : 0;
+    for (int64_t g = lane; g < n8; g += 32) {
+      float w[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = plain_at<T>(wr, g * 8 + i);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.x_stride + g * 8);
+        const float4 x0 = xp[0], x1 = xp[1];
+        acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y +
+                  w[6] * x1.z + w[7] * x1.w;
+      }
+    }
+    for (int64_t i = n8 * 8 + lane; i < a.n_in; i += 32) {
+      const float w = plain_at<T>(wr, i);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[t] += w * a.x[t * a.x_stride + i];
+    }
+  } else {
+    const int64_t n_sub = a.n_in / 32;
+    for (int64_t s = lane; s < n_sub; s += 32) {
+      float w[32];
+      dequant32<T>(wr, s, w);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.x_stride + s * 32);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 xv = xp[i];
+          sum += w[4 * i] * xv.x + w[4 * i + 1] * xv.y + w[4 * i + 2] * xv.z + w[4 * i + 3] * xv.w;
+        }
+        acc[t] += sum;
+      }
+    }
+  }
+  store_row<NT>(a, row, acc);
+}
+
+__device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {  // 2-byte aligned int load
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return static_cast<int>(static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16));
+}
+
+__device__ __forceinline__ int ld_i32(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
+
+// The staged kernels (v3 on): a warp copies its rows in chunks of whole blocks (a multiple of
+// 16 bytes) into shared memory with 16-byte cp.async, the next chunk's copy running while the
+// current one is computed, and the lanes run the block arithmetic (blocks_dot) on the copy.
+// Rows must start 16-byte aligned (staged_ok); others take the direct kernel. kSWarps warps
+// per block: four, so the 1024-row K/V products still fill 132 SMs.
+constexpr int kSWarps = 4;
+
+// Per type: kBlocks blocks of kBlockBytes bytes (kBlockElems elements) per staged chunk.
+template <int T, int Blocks>
+struct StagedGeom {
+  static constexpr bool kPlain = T == kBF16 || T == kF16;
+  static constexpr int kBlocks = Blocks;
+  static constexpr int kBlockBytes = kPlain ? 2 : BlockGeom<kPlain ? kQ4_0 : T>::kBytes;
+  static constexpr int kBlockElems = kPlain ? 1 : BlockGeom<kPlain ? kQ4_0 : T>::kElems;
+  static constexpr int kChunk = kBlocks * kBlockBytes;
+  static_assert(kChunk % 16 == 0, "chunks are copied 16 bytes at a time");
+};
+template <int T> struct Staged;
+template <> struct Staged<kQ4_0> : StagedGeom<kQ4_0, 64> {};  // 1152 bytes
+template <> struct Staged<kQ8_0> : StagedGeom<kQ8_0, 32> {};  // 1088 bytes
+template <> struct Staged<kQ4_K> : StagedGeom<kQ4_K, 8> {};   // 1152 bytes
+template <> struct Staged<kQ6_K> : StagedGeom<kQ6_K, 8> {};   // 1680 bytes
+template <> struct Staged<kBF16> : StagedGeom<kBF16, 512> {}; // 1024 bytes
+template <> struct Staged<kF16> : StagedGeom<kF16, 512> {};
+
+__device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
+
+// Blocks [b0, b0 + nb) of R rows whose bytes start at s + r * rs (shared memory for the
+// staged kernel, the row itself for the direct one), into acc[r] (NT activation rows): the
+// host's vec_dot_q4_0_q8_0 / q8_0_q8_0 / q4_K_q8_K / q6_K_q8_K arithmetic (integer dots per
+// block or sub-block, then the float scales; Q4_K's min term from the activation's per-32
+// sums). A lane loads its activation once for all R rows: v3 with R = 1 spent more load
+// instructions on the activation than on the weights (Q4_0: 11 loads per 16 weights).
+template <int T, int NT, int R>
+__device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, const uint8_t* s, int64_t rs, int64_t b0,
+                                           int nb, float (&acc)[R][NT]) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (T == kQ4_0 || T == kQ8_0) {
+    // Lanes per weight block: Q4_0 2 (bytes [8k, 8k + 8) of qs: elements 8k.. and 16 + 8k..),
+    // Q8_0 4 (elements [8k, 8k + 8)). Activation pieces are 8-byte aligned: one int2 load each.
+    constexpr int kLpb = T == kQ4_0 ? 2 : 4;
+    constexpr int kBytes = BlockGeom<T>::kBytes;
+    const int k = lane % kLpb;
+    const int64_t n_blk = a.n_in / 32;
+    for (int i = lane / kLpb; i < nb; i += 32 / kLpb) {
+      const int64_t ib = b0 + i;
+      int2 u0[NT], u1[NT];
+      float dx[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int2* u = reinterpret_cast<const int2*>(x.q8 + t * a.n_in + ib * 32);
+        u0[t] = u[k];
+        if constexpr (T == kQ4_0) u1[t] = u[2 + k];
+        dx[t] = x.d8[t * n_blk + ib];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = s + r * rs + i * kBytes;
+        const float dw = h2f_a2(b);
+        const int v0 = ld_i32_a2(b + 2 + 8 * k), v1 = ld_i32_a2(b + 6 + 8 * k);
+        if constexpr (T == kQ4_0) {
+          const int w0 = __vsub4(v0 & 0x0F0F0F0F, 0x08080808), w1 = __vsub4(v1 & 0x0F0F0F0F, 0x08080808);
+          const int w2 = __vsub4((v0 >> 4) & 0x0F0F0F0F, 0x08080808), w3 = __vsub4((v1 >> 4) & 0x0F0F0F0F, 0x08080808);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            int sum = __dp4a(w0, u0[t].x, 0);
+            sum = __dp4a(w1, u0[t].y, sum);
+            sum = __dp4a(w2, u1[t].x, sum);
+            sum = __dp4a(w3, u1[t].y, sum);
+            acc[r][t] += static_cast<float>(sum) * (dw * dx[t]);
+          }
+        } else {
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const int sum = __dp4a(v1, u0[t].y, __dp4a(v0, u0[t].x, 0));
+            acc[r][t] += static_cast<float>(sum) * (dw * dx[t]);
+          }
+        }
+      }
+    }
+  } else if constexpr (T == kQ4_K) {
+    // 8 lanes per 144-byte super-block; lane k takes qs bytes [16k, 16k + 16) (one 16-byte
+    // load: a super-block starts 16-byte aligned, and its qs at +16), i.e. elements l in
+    // [16 (k % 2), + 16) of sub-blocks 2 (k / 2) (low nibbles) and 2 (k / 2) + 1 (high nibbles).
+    const int k = lane % 8, g = k / 2, l0 = 16 * (k % 2);
+    const int64_t n_sb = a.n_in / 256;
+    for (int i = lane / 8; i < nb; i += 4) {
+      const int64_t ib = b0 + i;
+      int4 xlo[NT], xhi[NT];
+      float dx[NT];
+      int xs0[NT], xs1[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xq = x.q8k.q + t * a.n_in + ib * 256;
+        xlo[t] = *reinterpret_cast<const int4*>(xq + 32 * (2 * g) + l0);
+        xhi[t] = *reinterpret_cast<const int4*>(xq + 32 * (2 * g + 1) + l0);
+        dx[t] = x.q8k.d[t * n_sb + ib];
+        const int32_t* xs = x.q8k.sum + t * (a.n_in / 32) + ib * 8;
+        xs0[t] = xs[2 * g];
+        xs1[t] = xs[2 * g + 1];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = s + r * rs + i * 144;
+        const float dw = h2f_a2(b), dminw = h2f_a2(b + 2);
+        int sc_lo, m_lo, sc_hi, m_hi;
+        scale_min_k4(2 * g, b + 4, sc_lo, m_lo);
+        scale_min_k4(2 * g + 1, b + 4, sc_hi, m_hi);
+        const int4 qv = *reinterpret_cast<const int4*>(b + 16 + 16 * k);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          int s_lo = __dp4a(qv.x & 0x0F0F0F0F, xlo[t].x, 0), s_hi = __dp4a((qv.x >> 4) & 0x0F0F0F0F, xhi[t].x, 0);
+          s_lo = __dp4a(qv.y & 0x0F0F0F0F, xlo[t].y, s_lo);
+          s_hi = __dp4a((qv.y >> 4) & 0x0F0F0F0F, xhi[t].y, s_hi);
+          s_lo = __dp4a(qv.z & 0x0F0F0F0F, xlo[t].z, s_lo);
+          s_hi = __dp4a((qv.z >> 4) & 0x0F0F0F0F, xhi[t].z, s_hi);
+          s_lo = __dp4a(qv.w & 0x0F0F0F0F, xlo[t].w, s_lo);
+          s_hi = __dp4a((qv.w >> 4) & 0x0F0F0F0F, xhi[t].w, s_hi);
+          const int summ = k % 2 == 0 ? m_lo * xs0[t] + m_hi * xs1[t] : 0;  // once per sub-block pair
+          acc[r][t] += (dx[t] * dw) * static_cast<float>(sc_lo * s_lo + sc_hi * s_hi) -
+                       (dx[t] * dminw) * static_cast<float>(summ);
+        }
+      }
+    }
+  } else if constexpr (T == kQ6_K) {
+    // 16 lanes per 210-byte super-block (2-byte aligned: 2-byte loads); lane k takes half
+    // h = k / 8 and elements l in [l4, l4 + 4), l4 = 4 (k % 8), of each quarter (+0, +32, +64,
+    // +96) of that half: 4 bytes of ql at l4 and at 32 + l4, 4 bytes of qh at l4. Element
+    // e = 128 h + 32 j + l lies in 16-element sub-block 8 h + 2 j + l4 / 16.
+    const int k = lane % 16, h = k / 8, l4 = 4 * (k % 8);
+    const int64_t n_sb = a.n_in / 256;
+    for (int i = lane / 16; i < nb; i += 2) {
+      const int64_t ib = b0 + i;
+      int xv[NT][4];
+      float dx[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xq = x.q8k.q + t * a.n_in + ib * 256 + 128 * h + l4;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) xv[t][j] = ld_i32(xq + 32 * j);
+        dx[t] = x.q8k.d[t * n_sb + ib];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = s + r * rs + i * 210;
+        const uint8_t* ql = b + 64 * h;
+        const uint8_t* qh = b + 128 + 32 * h;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        const float dw = h2f_a2(b + 208);
+        const int qa = ld_i32_a2(ql + l4), qb = ld_i32_a2(ql + 32 + l4), qhw = ld_i32_a2(qh + l4);
+        // Six-bit values 0..63 per byte, minus 32 per byte (__vsub4 wraps per byte: two's complement int8).
+        const int w[4] = {static_cast<int>(__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020)),
+                          static_cast<int>(__vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020)),
+                          static_cast<int>(__vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020)),
+                          static_cast<int>(__vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020))};
+        int scj[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) scj[j] = sc[8 * h + 2 * j + l4 / 16];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          int sumi = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) sumi += scj[j] * __dp4a(w[j], xv[t][j], 0);
+          acc[r][t] += (dx[t] * dw) * static_cast<float>(sumi);
+        }
+      }
+    }
+  } else {  // F16 / BF16: 8 elements (16 bytes) per lane step; x rows are f32
+    for (int g = lane; g < nb / 8; g += 32) {
+      const int64_t e0 = b0 + 8 * g;
+      float4 x0[NT], x1[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(x.x + t * a.x_stride + e0);
+        x0[t] = xp[0];
+        x1[t] = xp[1];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(s + r * rs + 16 * g);
+        const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+        float w[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (T == kBF16) {
+            w[2 * j] = __uint_as_float(u[j] << 16);
+            w[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+          } else {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[j]));
+            w[2 * j] = f.x;
+            w[2 * j + 1] = f.y;
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          acc[r][t] += w[0] * x0[t].x + w[1] * x0[t].y + w[2] * x0[t].z + w[3] * x0[t].w + w[4] * x1[t].x +
+                       w[5] * x1[t].y + w[6] * x1[t].z + w[7] * x1[t].w;
+      }
+    }
+  }
+}
+
+// The stream kernel (v3 -> v5). ncu of v3 (one warp per row pair, two chunks in flight, one
+// launch per product; 8B Q4_0 decode): gate/up 17.3 us each (1.9 TB/s, DRAM 40%, SM 46%),
+// down 22 us, wo 8 us, q 8 us, k/v 6.3 us each (0.37 TB/s: launch and ramp bound).
+// v4 filled the GPU once (resident warps from the occupancy API), each warp walking several
+// (row pair, chunk) items with 3 stages: slower on every product (down 28 us, gate+up 38 us,
+// Q4_0 tg128 205 tok/s against v3's 224), since each warp's arithmetic, not the loads in
+// flight, was then the limit, and fewer warps shared it. v5 keeps v3's one warp per row pair
+// and v4's grouping: a launch holds up to kMaxSegs products of one input (q/k/v, gate/up),
+// their row pairs one index space, so the small K/V products need no launches of their own
+// (v4's grouped q/k/v: 12.9 us against 20.6 us in three launches).
+constexpr int kSRows = 2;   // rows per item (their activation loads shared, see blocks_dot)
+constexpr int kStages = 2;  // items per warp in shared memory: kStages - 1 in flight
+
+struct Segs {
+  Args a[kMaxSegs];
+  int64_t g_end[kMaxSegs];  // end of each product's row pairs in the launch's index space
+  int n;
+};
+
+template <int T, int NT>
+__global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, StagedAct x) {
+  constexpr int kChunk = Staged<T>::kChunk;
+  __shared__ __align__(16) uint8_t sm[kSWarps][kStages][kSRows][kChunk];
+  Args first = sg.a[0];  // expert mode (one product): select_slot points it at the slot's expert
+  {
+    const int64_t xr = select_slot(first);
+    if constexpr (Staged<T>::kPlain) x.x += xr * first.x_stride;
+    else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, first.n_in);
+    else {
+      x.q8 += xr * first.n_in;
+      x.d8 += xr * (first.n_in / 32);
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t n_warps = int64_t{gridDim.x} * kSWarps, wg = int64_t{blockIdx.x} * kSWarps + warp;
+  const int64_t n_groups = sg.g_end[sg.n - 1];
+  if (wg >= n_groups) return;  // warp-uniform; no block-wide barrier below
+  const int64_t n_blocks = first.n_in / Staged<T>::kBlockElems;
+  const int64_t n_chunks = (n_blocks + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
+  const int64_t n_items = ((n_groups - 1 - wg) / n_warps + 1) * n_chunks;
+  // Row pair g: its product's index and first row. (Returning a reference to `first` or to
+  // sg.a would put `first` in local memory, read in the inner loop: products go by index.)
+  auto locate = [&](int64_t g, int64_t& row0) {
+    int seg = 0;
+    while (g >= sg.g_end[seg]) ++seg;
+    row0 = (g - (seg > 0 ? sg.g_end[seg - 1] : 0)) * kSRows;
+    return seg;
+  };
+  auto chunk_blocks = [&](int64_t c) {
+    return static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - c * Staged<T>::kBlocks));
+  };
+  // Item it's rows into stage it % kStages: 16-byte copies, lanes strided (coalesced). A
+  // product's odd last row pair copies its last row twice (computed, never stored).
+  auto issue = [&](int64_t it) {
+    if (it >= n_items) return;
+    const int64_t c = it % n_chunks;
+    int64_t row0;
+    const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
+    const uint8_t* w = seg == 0 ? first.w : sg.a[seg].w;
+    const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
+    const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
+    const int bytes = chunk_blocks(c) * Staged<T>::kBlockBytes;
+#pragma unroll
+    for (int r = 0; r < kSRows; ++r) {
+      const uint8_t* src =
+          w + min(row0 + r, n_out - 1) * row_bytes + c * Staged<T>::kBlocks * Staged<T>::kBlockBytes;
+      uint8_t* dst = sm[warp][it % kStages][r];
+      for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
+    }
+  };
+  float acc[kSRows][NT];
+#pragma unroll
+  for (int r = 0; r < kSRows; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    issue(st);
+    __pipeline_commit();
+  }
+  for (int64_t it = 0; it < n_items; ++it) {
+    issue(it + kStages - 1);
+    __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
+    __pipeline_wait_prior(kStages - 1);  // item it has landed (this lane's copies)
+    __syncwarp();                        // ... and every lane's
+    const int64_t c = it % n_chunks;
+    blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % kStages][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
+                              acc);
+    __syncwarp();  // stage it % kStages is read by all lanes before item it + kStages overwrites it
+    if (c == n_chunks - 1) {
+      int64_t row0;
+      const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
+#pragma unroll
+      for (int r = 0; r < kSRows; ++r) {
+        if (seg == 0) {
+          if (row0 + r < first.n_out) store_row<NT>(first, row0 + r, acc[r]);
+        } else if (row0 + r < sg.a[seg].n_out) {
+          store_row<NT>(sg.a[seg], row0 + r, acc[r]);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+      }
+    }
+  }
+}
+
+// The dp4a families on rows the staged kernel cannot copy (not 16-byte aligned): the same
+// block arithmetic straight from global memory, kSWarps rows per block.
+template <int T, int NT>
+__global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, StagedAct x) {
+  {
+    const int64_t xr = select_slot(a);
+    if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, a.n_in);
+    else {
+      x.q8 += xr * a.n_in;
+      x.d8 += xr * (a.n_in / 32);
+    }
+  }
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kSWarps + threadIdx.x / 32;
+  if (row >= a.n_out) return;
+  float acc[1][NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[0][t] = 0.0f;
+  blocks_dot<T, NT, 1>(a, x, a.w + row * a.row_bytes, 0, 0, static_cast<int>(a.n_in / Staged<T>::kBlockElems), acc);
+  store_row<NT>(a, row, acc[0]);
+}
+
+// The activation of launch rows from t0 on.
+template <int T>
+StagedAct act_at(StagedAct x, int64_t t0, int64_t n_in) {
+  if constexpr (Staged<T>::kPlain) return x;  // f32 rows: follow Args::x (args_at)
+  else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(t0, n_in);
+  else {
+    x.q8 += t0 * n_in;
+    x.d8 += t0 * (n_in / 32);
+  }
+  return x;
+}
+
+}  // namespace
+
+// Whether W's rows suit the staged kernels: 16-byte aligned starts (and expert stacks).
+bool staged_ok(const MatmulParams& p) {
+  return p.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && p.expert_bytes % 16 == 0 &&
+         (p.type != kBF16 && p.type != kF16
+              ? true
+              : p.n_in % 8 == 0 && p.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0);
+}
+
+template <int T>
+void matvec_launch(const MatmulParams& p, const Args& a0) {
+  const auto grid_x = static_cast<unsigned>((p.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  launch_rows(p, a0, grid_x, [&](const Args& a, dim3 g, int64_t, bool four) {
+    if (four) matvec_kernel<T, 4><<<g, kWarpsPerBlock * 32, 0, p.stream>>>(a);
+    else matvec_kernel<T, 1><<<g, kWarpsPerBlock * 32, 0, p.stream>>>(a);
+    FRINK_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
+// on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: n == 1.
+template <int T>
+void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
+  const MatmulParams& p = ps[0];
+  bool staged = true;
+  for (int i = 0; i < n; ++i) staged = staged && staged_ok(ps[i]);
+  if (!staged) {
+    if constexpr (!Staged<T>::kPlain) {  // plain types without staging take matvec_kernel (dispatch)
+      for (int i = 0; i < n; ++i)
+        launch_rows(ps[i], args_of(ps[i]), static_cast<unsigned>((ps[i].n_out + kSWarps - 1) / kSWarps),
+                    [&](const Args& a, dim3 g, int64_t t0, bool four) {
+                      StagedAct x = act_at<T>(x0, t0, p.n_in);
+                      if constexpr (Staged<T>::kPlain) x.x = a.x;
+                      if (four) matvec_direct_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
+                      else matvec_direct_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
+                      FRINK_CUDA_CHECK_LAUNCH();
+                    });
+    }
+    return;
+  }
+  Segs sg{};
+  sg.n = n;
+  int64_t groups = 0;
+  for (int i = 0; i < n; ++i) {
+    sg.a[i] = args_of(ps[i]);
+    groups += (ps[i].n_out + kSRows - 1) / kSRows;
+    sg.g_end[i] = groups;
+  }
+  // Grid: one warp per row pair. (v4 filled the GPU once with the resident warps, each
+  // walking several row pairs with 3 stages: slower on every product but the grouped q/k/v;
+  // each warp's arithmetic, not the number of loads in flight, was then the limit.)
+  auto grid_x = [&](int64_t, bool) { return static_cast<unsigned>((groups + kSWarps - 1) / kSWarps); };
+  auto launch = [&](const Segs& s, dim3 g, int64_t t0, bool four) {
+    StagedAct x = act_at<T>(x0, t0, p.n_in);
+    if constexpr (Staged<T>::kPlain) x.x = s.a[0].x;
+    if (four) matvec_stream_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(s, x);
+    else matvec_stream_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(s, x);
+    FRINK_CUDA_CHECK_LAUNCH();
+  };
+  if (p.slot_expert) {
+    launch_rows(p, sg.a[0], grid_x(std::min<int64_t>(p.n_slots, 65535), false),
+                [&](const Args& a, dim3 g, int64_t t0, bool four) {
+                  Segs s = sg;
+                  s.a[0] = a;
+                  launch(s, g, t0, four);
+                });
+    return;
+  }
+  for (int64_t t0 = 0; t0 < p.n_tok;) {  // launch_rows' token chunks, for every product at once
+    const bool four = p.n_tok - t0 >= 4;
+    Segs s = sg;
+    for (int i = 0; i < n; ++i) s.a[i] = args_at(ps[i], sg.a[i], t0);
+    launch(s, dim3(grid_x(1, four)), t0, four);
+    t0 += four ? 4 : 1;
+  }
+}
+
+
+#define FRINK_INST(T) template void matvec_launch<T>(const MatmulParams&, const Args&);
+FRINK_FOR_EACH_DEVICE_TYPE(FRINK_INST)
+#undef FRINK_INST
+template void matvec_dp4a_launch<kQ4_0>(const MatmulParams*, int, const StagedAct&);
+template void matvec_dp4a_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
+template void matvec_dp4a_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
+template void matvec_dp4a_launch<kQ6_K>(const MatmulParams*, int, const StagedAct&);
+template void matvec_dp4a_launch<kF16>(const MatmulParams*, int, const StagedAct&);
+template void matvec_dp4a_launch<kBF16>(const MatmulParams*, int, const StagedAct&);
+
+}  // namespace frink::cuda::mm
