@@ -136,11 +136,16 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
       const int64_t ib = b0 + i;
       int2 u0[NT], u1[NT];
       float dx[NT];
+      int xs8[NT];  // Q4_0: 8 x the sum of the lane's 16 activations (see below)
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const int2* u = reinterpret_cast<const int2*>(x.q8 + t * a.n_in + ib * 32);
         u0[t] = u[k];
-        if constexpr (T == kQ4_0) u1[t] = u[2 + k];
+        if constexpr (T == kQ4_0) {
+          u1[t] = u[2 + k];
+          xs8[t] = 8 * __dp4a(u1[t].y, 0x01010101, __dp4a(u1[t].x, 0x01010101,
+                                                          __dp4a(u0[t].y, 0x01010101, __dp4a(u0[t].x, 0x01010101, 0))));
+        }
         dx[t] = x.d8[t * n_blk + ib];
       }
 #pragma unroll
@@ -149,11 +154,14 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         const float dw = h2f_a2(b);
         const int v0 = ld_i32_a2(b + 2 + 8 * k), v1 = ld_i32_a2(b + 6 + 8 * k);
         if constexpr (T == kQ4_0) {
-          const int w0 = __vsub4(v0 & 0x0F0F0F0F, 0x08080808), w1 = __vsub4(v1 & 0x0F0F0F0F, 0x08080808);
-          const int w2 = __vsub4((v0 >> 4) & 0x0F0F0F0F, 0x08080808), w3 = __vsub4((v1 >> 4) & 0x0F0F0F0F, 0x08080808);
+          // sum (q - 8) x = sum q x - 8 sum x, the same integer: the raw nibbles go to dp4a and
+          // the offset comes once per block from xs8 (v3 subtracted it per byte with __vsub4,
+          // which sm_90 emulates in several instructions, for every row).
+          const int w0 = v0 & 0x0F0F0F0F, w1 = v1 & 0x0F0F0F0F;
+          const int w2 = (v0 >> 4) & 0x0F0F0F0F, w3 = (v1 >> 4) & 0x0F0F0F0F;
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
-            int sum = __dp4a(w0, u0[t].x, 0);
+            int sum = __dp4a(w0, u0[t].x, -xs8[t]);
             sum = __dp4a(w1, u0[t].y, sum);
             sum = __dp4a(w2, u1[t].x, sum);
             sum = __dp4a(w3, u1[t].y, sum);
@@ -221,13 +229,16 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     const int64_t n_sb = a.n_in / 256;
     for (int i = lane / 16; i < nb; i += 2) {
       const int64_t ib = b0 + i;
-      int xv[NT][4];
+      int xv[NT][4], xs32[NT][4];  // xs32: 32 x the sum of each 4 activations (the offset, below)
       float dx[NT];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const int8_t* xq = x.q8k.q + t * a.n_in + ib * 256 + 128 * h + l4;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) xv[t][j] = ld_i32(xq + 32 * j);
+        for (int j = 0; j < 4; ++j) {
+          xv[t][j] = ld_i32(xq + 32 * j);
+          xs32[t][j] = 32 * __dp4a(xv[t][j], 0x01010101, 0);
+        }
         dx[t] = x.q8k.d[t * n_sb + ib];
       }
 #pragma unroll
@@ -238,11 +249,11 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
         const float dw = h2f_a2(b + 208);
         const int qa = ld_i32_a2(ql + l4), qb = ld_i32_a2(ql + 32 + l4), qhw = ld_i32_a2(qh + l4);
-        // Six-bit values 0..63 per byte, minus 32 per byte (__vsub4 wraps per byte: two's complement int8).
-        const int w[4] = {static_cast<int>(__vsub4((qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), 0x20202020)),
-                          static_cast<int>(__vsub4((qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030), 0x20202020)),
-                          static_cast<int>(__vsub4(((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030), 0x20202020)),
-                          static_cast<int>(__vsub4(((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030), 0x20202020))};
+        // Six-bit values 0..63 per byte; their offset of 32 is taken off the integer dot as
+        // 32 x sum x (xs32), the same integer as subtracting it per byte.
+        const int w[4] = {(qa & 0x0F0F0F0F) | ((qhw << 4) & 0x30303030), (qb & 0x0F0F0F0F) | ((qhw << 2) & 0x30303030),
+                          ((qa >> 4) & 0x0F0F0F0F) | (qhw & 0x30303030),
+                          ((qb >> 4) & 0x0F0F0F0F) | ((qhw >> 2) & 0x30303030)};
         int scj[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) scj[j] = sc[8 * h + 2 * j + l4 / 16];
@@ -250,7 +261,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         for (int t = 0; t < NT; ++t) {
           int sumi = 0;
 #pragma unroll
-          for (int j = 0; j < 4; ++j) sumi += scj[j] * __dp4a(w[j], xv[t][j], 0);
+          for (int j = 0; j < 4; ++j) sumi += scj[j] * __dp4a(w[j], xv[t][j], -xs32[t][j]);
           acc[r][t] += (dx[t] * dw) * static_cast<float>(sumi);
         }
       }
