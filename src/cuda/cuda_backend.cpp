@@ -100,6 +100,7 @@ CudaBackend::~CudaBackend() {
   cudaFreeHost(pick_vals_host_);
   cudaFreeHost(staging_);
   cudaFreeHost(snap_staging_);
+  for (cudaEvent_t e : copy_events_) cudaEventDestroy(e);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
 }
@@ -342,17 +343,53 @@ void CudaBackend::download(float* x) {
   flush();
 }
 
+// The newest pending layer's rows (all staged rows not yet copied) go back now, and an event
+// marks their landing. Why: a prompt batch's rows are many (8B, 512 tokens: 128 MB), and v1
+// copied and appended them all only after the last layer, the device idle meanwhile.
+void CudaBackend::copy_back_early() {
+  FRINK_ASSERT(!pending_.empty() && staging_used_ > staging_landed_, "no rows to copy back");
+  const size_t n_early = static_cast<size_t>(
+      std::count_if(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; }));
+  if (n_early == copy_events_.size()) {
+    cudaEvent_t e = nullptr;
+    FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    copy_events_.push_back(e);
+  }
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + staging_landed_, dstage_.f() + staging_landed_,
+                                   (staging_used_ - staging_landed_) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  staging_landed_ = staging_used_;
+  FRINK_CUDA_CHECK(cudaEventRecord(copy_events_[n_early], stream_));
+  pending_.back().event = static_cast<int>(n_early);
+}
+
 void CudaBackend::flush() {
   if (staging_used_ > staging_landed_)
     FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + staging_landed_, dstage_.f() + staging_landed_,
                                      (staging_used_ - staging_landed_) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   staging_landed_ = staging_used_;
-  FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  for (const Pending& pd : pending_) {
-    const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
-    for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_ + pd.k_off + t * kw, staging_ + pd.v_off + t * vw);
-    pd.mirror->caught_up(*pd.cache);
+  // Layers copied early land in order and are appended while later layers still run; the rest
+  // after the stream is done. A device error part way leaves no layer appended: the ones
+  // already appended are truncated back, so the host caches stay one consistent length.
+  size_t appended = 0;
+  try {
+    bool synced = false;
+    for (const Pending& pd : pending_) {
+      if (pd.event >= 0) {
+        FRINK_CUDA_CHECK(cudaEventSynchronize(copy_events_[static_cast<size_t>(pd.event)]));
+      } else if (!synced) {
+        FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        synced = true;
+      }
+      const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
+      for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_ + pd.k_off + t * kw, staging_ + pd.v_off + t * vw);
+      ++appended;
+    }
+    FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    for (size_t i = 0; i < appended; ++i) pending_[i].cache->truncate(pending_[i].cache->rows() - n_tok_);
+    throw;
   }
+  for (const Pending& pd : pending_) pd.mirror->caught_up(*pd.cache);
   pending_.clear();
   // In enqueue order, so snapshots are kept (and the oldest evicted) as the host body would.
   for (const PendingSnap& ps : pending_snaps_)
@@ -515,6 +552,7 @@ void CudaBackend::run_layer(int64_t il, KvCache& cache) {
   FRINK_ASSERT(cache.rows() == pos0_, "cache has {} rows at position {}", cache.rows(), pos0_);
   KvMirror& mirror = ready_mirror(cache, p, n_tok_);
   enqueue_layer(il, mirror, add_pending(cache, mirror), pos0_ + n_tok_);
+  if (n_tok_ >= kEarlyCopyMinTok) copy_back_early();
 }
 
 void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys) {

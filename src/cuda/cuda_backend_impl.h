@@ -69,6 +69,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
     KvCache* cache;
     KvMirror* mirror;
     size_t k_off, v_off;  // floats into staging_
+    int event = -1;       // copied early (copy_back_early): its copy's event in copy_events_
   };
   // What a token graph runs for one layer: an attention layer's mirror and staging, or a
   // recurrent layer's state mirror.
@@ -168,6 +169,11 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   DevBuf dstage_;             // the same rows on the device, at the same offsets
   size_t staging_floats_ = 0, staging_used_ = 0, staging_landed_ = 0;
   std::vector<Pending> pending_;
+  // Prompt batches copy each layer's new rows back as soon as they are appended, and flush()
+  // appends them to the host caches as each copy lands, while the device runs later layers.
+  static constexpr int64_t kEarlyCopyMinTok = 64;
+  std::vector<cudaEvent_t> copy_events_;
+  void copy_back_early();
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   int32_t* pos_host_ = nullptr;  // pinned source of that copy
   // run_token's pick: parameters (device, and the pinned copy sent each step), the chosen id
