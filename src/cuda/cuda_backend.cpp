@@ -370,7 +370,6 @@ void CudaBackend::flush() {
   // Layers copied early land in order and are appended while later layers still run; the rest
   // after the stream is done. A device error part way leaves no layer appended: the ones
   // already appended are truncated back, so the host caches stay one consistent length.
-  size_t appended = 0;
   try {
     bool synced = false;
     for (const Pending& pd : pending_) {
@@ -382,11 +381,14 @@ void CudaBackend::flush() {
       }
       const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
       for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_ + pd.k_off + t * kw, staging_ + pd.v_off + t * vw);
-      ++appended;
     }
     FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
-    for (size_t i = 0; i < appended; ++i) pending_[i].cache->truncate(pending_[i].cache->rows() - n_tok_);
+    cudaStreamSynchronize(stream_);  // no copy may still write staging_ (a host-side throw leaves work queued)
+    // Every pending of the cycle started at pos0_ (run_layer and run_token assert it), a cache
+    // that failed part way through its rows included.
+    for (const Pending& pd : pending_)
+      if (pd.cache->rows() > pos0_) pd.cache->truncate(pos0_);
     throw;
   }
   for (const Pending& pd : pending_) pd.mirror->caught_up(*pd.cache);
