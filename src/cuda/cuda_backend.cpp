@@ -63,6 +63,7 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
     : m_(m), hooks_(hooks), info_(probe_device()), w_(m) {
   for (int64_t il = 0; il <= m.hp.n_layer; ++il) refusal_.push_back(device_refusal(m, il));
   FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialised");
   if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
   FRINK_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int32_t)));
@@ -88,6 +89,7 @@ CudaBackend::~CudaBackend() {
   }
   rec_mirrors_.clear();
   cudaStreamSynchronize(stream_);
+  cudaStreamSynchronize(copy_stream_);
   for (TokenGraph& g : token_graphs_) cudaGraphExecDestroy(g.exec);
   FRINK_LOG_DEBUG("device: {} token graph capture(s), {} mirror eviction(s)", n_captures_, n_evictions_);
   cudaFree(pos_dev_);
@@ -100,7 +102,11 @@ CudaBackend::~CudaBackend() {
   cudaFreeHost(pick_vals_host_);
   cudaFreeHost(staging_);
   cudaFreeHost(snap_staging_);
-  for (cudaEvent_t e : copy_events_) cudaEventDestroy(e);
+  for (const CopyEvents& e : copy_events_) {
+    cudaEventDestroy(e.ready);
+    cudaEventDestroy(e.landed);
+  }
+  cudaStreamDestroy(copy_stream_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
 }
@@ -223,6 +229,9 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   // they never reached the host, and their mirrors, never caught up, re-upload when next used.
   // Recurrent work pending likewise never landed: its mirror layers stay untrusted.
   clear_pending();
+  // A failed batch may have left early copies running (flush waits for them otherwise); the
+  // staging they write may be reallocated below.
+  FRINK_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   ++batch_tick_;
   // The batch's caches count as in use before any of them is readied, so making room for one
   // layer's mirror never evicts another layer of the same sequence.
@@ -351,14 +360,19 @@ void CudaBackend::copy_back_early() {
   const size_t n_early = static_cast<size_t>(
       std::count_if(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; }));
   if (n_early == copy_events_.size()) {
-    cudaEvent_t e = nullptr;
-    FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    copy_events_.push_back(e);
+    CopyEvents e;
+    FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e.ready, cudaEventDisableTiming));
+    copy_events_.push_back(e);  // pushed before the second create, so the destructor frees both
+    FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&copy_events_.back().landed, cudaEventDisableTiming));
   }
+  const CopyEvents& e = copy_events_[n_early];
+  FRINK_CUDA_CHECK(cudaEventRecord(e.ready, stream_));  // the layer's rows are in dstage_
+  FRINK_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, e.ready, 0));
   FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_ + staging_landed_, dstage_.f() + staging_landed_,
-                                   (staging_used_ - staging_landed_) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+                                   (staging_used_ - staging_landed_) * sizeof(float), cudaMemcpyDeviceToHost,
+                                   copy_stream_));
   staging_landed_ = staging_used_;
-  FRINK_CUDA_CHECK(cudaEventRecord(copy_events_[n_early], stream_));
+  FRINK_CUDA_CHECK(cudaEventRecord(e.landed, copy_stream_));
   pending_.back().event = static_cast<int>(n_early);
 }
 
@@ -374,7 +388,7 @@ void CudaBackend::flush() {
     bool synced = false;
     for (const Pending& pd : pending_) {
       if (pd.event >= 0) {
-        FRINK_CUDA_CHECK(cudaEventSynchronize(copy_events_[static_cast<size_t>(pd.event)]));
+        FRINK_CUDA_CHECK(cudaEventSynchronize(copy_events_[static_cast<size_t>(pd.event)].landed));
       } else if (!synced) {
         FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
         synced = true;
@@ -385,6 +399,7 @@ void CudaBackend::flush() {
     FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
     cudaStreamSynchronize(stream_);  // no copy may still write staging_ (a host-side throw leaves work queued)
+    cudaStreamSynchronize(copy_stream_);
     // Every pending of the cycle started at pos0_ (run_layer and run_token assert it), a cache
     // that failed part way through its rows included.
     for (const Pending& pd : pending_)

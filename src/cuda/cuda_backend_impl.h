@@ -171,8 +171,14 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   std::vector<Pending> pending_;
   // Prompt batches copy each layer's new rows back as soon as they are appended, and flush()
   // appends them to the host caches as each copy lands, while the device runs later layers.
+  // The copies run on copy_stream_ (after the layer, by `ready`), so they overlap the next
+  // layers' kernels too; `landed` marks each one's arrival.
   static constexpr int64_t kEarlyCopyMinTok = 64;
-  std::vector<cudaEvent_t> copy_events_;
+  struct CopyEvents {
+    cudaEvent_t ready = nullptr, landed = nullptr;
+  };
+  std::vector<CopyEvents> copy_events_;
+  cudaStream_t copy_stream_ = nullptr;
   void copy_back_early();
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   int32_t* pos_host_ = nullptr;  // pinned source of that copy
