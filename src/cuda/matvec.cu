@@ -23,6 +23,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
+#include "cuda/pdl.cuh"
 
 namespace frink::cuda::mm {
 
@@ -325,6 +326,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
   constexpr int kChunk = Staged<T>::kChunk;
   __shared__ __align__(16) uint8_t sm[kSWarps][kStages][kSRows][kChunk];
   Args first = sg.a[0];  // expert mode (one product): select_slot points it at the slot's expert
+  if (first.slot_expert) grid_dependency_wait();  // the slots' experts come from the routing kernel
   {
     const int64_t xr = select_slot(first);
     if constexpr (Staged<T>::kPlain) x.x += xr * first.x_stride;
@@ -381,6 +383,9 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
     issue(st);
     __pipeline_commit();
   }
+  // Weights are no kernel's output: their first copies above may overlap the previous kernel
+  // (launch_dependent); x, y and the residual are read and written only after this.
+  grid_dependency_wait();
   for (int64_t it = 0; it < n_items; ++it) {
     issue(it + kStages - 1);
     __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
@@ -496,9 +501,8 @@ void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   auto launch = [&](const Segs& s, dim3 g, int64_t t0, bool four) {
     StagedAct x = act_at<T>(x0, t0, p.n_in);
     if constexpr (Staged<T>::kPlain) x.x = s.a[0].x;
-    if (four) matvec_stream_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(s, x);
-    else matvec_stream_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(s, x);
-    FRINK_CUDA_CHECK_LAUNCH();
+    if (four) launch_dependent(matvec_stream_kernel<T, 4>, g, dim3(kSWarps * 32), p.stream, s, x);
+    else launch_dependent(matvec_stream_kernel<T, 1>, g, dim3(kSWarps * 32), p.stream, s, x);
   };
   if (p.slot_expert) {
     launch_rows(p, sg.a[0], grid_x(std::min<int64_t>(p.n_slots, 65535), false),

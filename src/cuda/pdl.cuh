@@ -1,0 +1,56 @@
+// Programmatic dependent launch (Hopper): a kernel launched this way may start while the
+// kernel before it on the stream is still finishing, and must call grid_dependency_wait()
+// before it reads (or writes) anything that kernel or an earlier one touches. What it does
+// before the wait overlaps its predecessor: the matrix-vector kernels prefetch their weights
+// there. Off unless FRINK_CUDA_PDL=1 and the device is sm_90 or newer: written without device
+// time to measure it (see docs/gpu-notes.md), so the default stays the measured path.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_check.h"
+
+namespace frink::cuda {
+
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FRINK_CUDA_PDL");
+    if (!v || std::strcmp(v, "1") != 0) return false;
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), with programmatic serialization when enabled.
+template <typename... KArgs, typename... Args>
+void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  FRINK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+#ifdef __CUDACC__
+// Waits until the kernels this one depends on have finished and their writes are visible; a
+// no-op for kernels launched the ordinary way, and before sm_90.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+#endif
+
+}  // namespace frink::cuda
