@@ -57,7 +57,10 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
       return;
     }
   }
-  if (kind != kActNone) {
+  // The cuBLAS path of F16/BF16 weights converts x to their 16-bit format itself, which is the
+  // same rounding: a rounded f32 copy first would be one more pass over x.
+  const bool converts_itself = (kind == kActF16 || kind == kActBF16) && !takes_matvec(p);
+  if (kind != kActNone && !converts_itself) {
     if (!x_ready) launch_act_round(p, kind);
     p.x = p.act_round;
     p.x_stride = p.n_in;
