@@ -35,8 +35,9 @@ bool streams(const MatmulParams& p, ActRound kind) {
 }
 
 // Products ps[0, n) of one type and one activation preparation (n > 1 only when all stream).
-// x_ready: the previous product of the group prepared x the same way (kind), so the act_round
-// buffer (and on the cuBLAS path the f16 copy of x) already hold it.
+// x_ready: the previous product of the group prepared x the same way (kind, path, 16-bit
+// format), so the act_round buffer holds it (on the cuBLAS path: the 16-bit copy of x in the
+// scratch; F16/BF16 there skip act_round).
 template <int T>
 void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
   MatmulParams p = ps[0];
@@ -100,7 +101,8 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
 
 void launch_matmuls(const MatmulParams* ps, int n) {
   ActRound prev = kActNone;
-  bool prev_bf16_copy = false, prev_matvec = false;
+  int prev_copy16 = 0;
+  bool prev_matvec = false;
   for (int i = 0; i < n; ++i) {
     const MatmulParams& p = ps[i];
     const MatmulParams& p0 = ps[0];
@@ -115,15 +117,17 @@ void launch_matmuls(const MatmulParams* ps, int n) {
   }
   for (int i = 0; i < n; ++i) {
     const MatmulParams& p = ps[i];
-    // Ready: the previous product prepared x the same way, and (cuBLAS path) left its 16-bit
-    // copy in the same format: bf16 for BF16 weights, f16 for all others. The path is part of
-    // the key: a matrix-vector product (matvec_only in a prefill group) leaves no 16-bit copy,
-    // and a cuBLAS product after it read stale scratch (found by the delta-net work: NMSE 2).
+    // Ready: the previous product prepared x the same way: same kind, same path, and the same
+    // 16-bit copy of x left in the scratch by the cuBLAS path (copy16: none for F32 weights,
+    // which take x as it is; bf16 for BF16; f16 for all others). The path is part of the key:
+    // a matrix-vector product (matvec_only in a prefill group) leaves no 16-bit copy, and a
+    // cuBLAS product after it read stale scratch (found by the delta-net work: NMSE 2).
     const ActRound kind = act_prep_for(p);
-    const bool bf16_copy = p.type == kBF16, matvec = takes_matvec(p);
-    const bool x_ready = i > 0 && kind == prev && bf16_copy == prev_bf16_copy && matvec == prev_matvec;
+    const int copy16 = p.type == kF32 ? 0 : p.type == kBF16 ? 2 : 1;
+    const bool matvec = takes_matvec(p);
+    const bool x_ready = i > 0 && kind == prev && copy16 == prev_copy16 && matvec == prev_matvec;
     prev = kind;
-    prev_bf16_copy = bf16_copy;
+    prev_copy16 = copy16;
     prev_matvec = matvec;
     // The run of products this launch takes: p alone, or with the next ones of its type
     // when all stream (their rows share one launch).

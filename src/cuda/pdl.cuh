@@ -8,6 +8,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -27,6 +29,20 @@ inline bool pdl_enabled() {
   return on;
 }
 
+// Whether the code the device runs for `kernel` was compiled for sm_90 or newer: a build for
+// older architectures alone runs on Hopper through JIT-compiled PTX in which
+// grid_dependency_wait() is empty, and must not be launched as a dependent.
+inline bool pdl_compiled(const void* kernel) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, bool> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(kernel); it != known.end()) return it->second;
+  cudaFuncAttributes fa{};
+  const bool ok = cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.ptxVersion >= 90;
+  known.emplace(kernel, ok);
+  return ok;
+}
+
 // kernel<<<grid, block, 0, stream>>>(args...), with programmatic serialization when enabled.
 template <typename... KArgs, typename... Args>
 void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
@@ -39,7 +55,7 @@ void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStrea
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() && pdl_compiled(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   FRINK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
