@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
+#include "cuda/pdl.cuh"
 
 namespace frink::cuda::mm {
 
@@ -13,6 +14,7 @@ namespace {
 // f16/bf16 rounding: one thread per element.
 __global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, bool bf16,
                                       float* out) {
+  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_in * n_tok; i += int64_t{gridDim.x} * blockDim.x) {
     const float v = x[(i / n_in) * x_stride + i % n_in];
     out[i] = bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
@@ -56,6 +58,7 @@ __device__ __forceinline__ float q8k_signed_max(const float (&v)[8], float& amax
 // magnitude (the host's strict '>'), so ties break to the lowest index here too.
 template <int BS>
 __global__ void act_round_block_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, float* out) {
+  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
   constexpr int kPer = BS / 32;
   const int lane = threadIdx.x % 32;
   const int64_t n_blk = n_in / BS;
@@ -95,6 +98,7 @@ __global__ void act_round_block_kernel(const float* x, int64_t x_stride, int64_t
 // One warp per Q8 block: lane j quantizes element j. xq: [n_tok][n_in] int8, xd: [n_tok][n_in/32].
 __global__ void quantize_q8_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, int8_t* xq,
                                    float* xd) {
+  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
   const int lane = threadIdx.x % 32;
   const int64_t n_blk = n_in / 32;
   const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
@@ -118,6 +122,7 @@ __device__ __forceinline__ int warp_isum(int v) {
 // One warp per 256-block; lane j holds elements j + 32 k, so element sub-block (32) k is the
 // warp's k-th column and its sum one warp reduction.
 __global__ void quantize_q8k_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, Q8KAct a) {
+  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
   const int lane = threadIdx.x % 32;
   const int64_t n_blk = n_in / 256;
   const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;

@@ -67,6 +67,16 @@ __device__ __forceinline__ void grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// Lets the kernel launched after this one as a dependent start now (its blocks then run up
+// to their grid_dependency_wait(), which still waits for this whole kernel): called first by
+// the small kernels that prepare a product's activation, so the product's weight copies
+// overlap them. A no-op when no dependent follows, and before sm_90.
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 #endif
 
 }  // namespace frink::cuda
