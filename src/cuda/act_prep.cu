@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
+#include "cuda/norm_row.cuh"
 #include "cuda/pdl.cuh"
 
 namespace frink::cuda::mm {
@@ -19,6 +20,23 @@ __global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t 
     const float v = x[(i / n_in) * x_stride + i % n_in];
     out[i] = bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
   }
+}
+
+// Q8_K's scale rule across candidates (magnitude amax, signed value mx, element index idx):
+// the larger magnitude wins, on a tie the lower index (the host's first element of largest
+// magnitude). take_first_max folds one more candidate in; warp_first_max reduces the warp.
+__device__ __forceinline__ void take_first_max(float a2, float m2, int i2, float& amax, float& mx, int& idx) {
+  if (a2 > amax || (a2 == amax && i2 < idx)) {
+    amax = a2;
+    mx = m2;
+    idx = i2;
+  }
+}
+__device__ __forceinline__ void warp_first_max(float& amax, float& mx, int& idx) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    take_first_max(__shfl_xor_sync(0xffffffffu, amax, off), __shfl_xor_sync(0xffffffffu, mx, off),
+                   __shfl_xor_sync(0xffffffffu, idx, off), amax, mx, idx);
 }
 
 // Q8_K's scale source over a 256-block held by a warp as v[k] = element lane + 32 k: the
@@ -37,16 +55,7 @@ __device__ __forceinline__ float q8k_signed_max(const float (&v)[8], float& amax
       mx = v[k];
       idx = lane + 32 * k;
     }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float a2 = __shfl_xor_sync(0xffffffffu, amax, off), m2 = __shfl_xor_sync(0xffffffffu, mx, off);
-    const int i2 = __shfl_xor_sync(0xffffffffu, idx, off);
-    if (a2 > amax || (a2 == amax && i2 < idx)) {
-      amax = a2;
-      mx = m2;
-      idx = i2;
-    }
-  }
+  warp_first_max(amax, mx, idx);
   return mx;
 }
 
@@ -147,6 +156,85 @@ __global__ void quantize_q8k_kernel(const float* x, int64_t x_stride, int64_t n_
   if (lane == 0) a.d[t * n_blk + b] = amax == 0.0f ? 0.0f : 1 / iscale;
 }
 
+
+// The norm's row (norm_vec_row: thread i holds elements 4 (i + k blockDim) ..) quantized in
+// registers. Q8_0: a 32-block is 8 consecutive threads of one warp; the arithmetic is
+// quantize_q8_kernel's, value for value.
+__global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, int8_t* xq, float* xd) {
+  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
+  float4 o[kNormVecPer];
+  norm_vec_row(p, o);
+  const int64_t n4 = p.n / 4, n_blk = p.n / 32, row = blockIdx.x;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < kNormVecPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    float amax = fmaxf(fmaxf(fabsf(o[k].x), fabsf(o[k].y)), fmaxf(fabsf(o[k].z), fabsf(o[k].w)));
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (i >= n4) continue;  // a whole 32-block is in the row or past it (n % 32 == 0)
+    const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const char4 q = make_char4(static_cast<int8_t>(roundf(o[k].x * id)), static_cast<int8_t>(roundf(o[k].y * id)),
+                               static_cast<int8_t>(roundf(o[k].z * id)), static_cast<int8_t>(roundf(o[k].w * id)));
+    reinterpret_cast<char4*>(xq + row * p.n)[i] = q;
+    if (lane % 8 == 0) xd[row * n_blk + i / 8] = __half2float(__float2half_rn(d));
+  }
+}
+
+// Q8_K: a 256-block is 64 consecutive threads, two warps (threads a multiple of 64). The scale
+// source is quantize_q8k_kernel's: the signed value of the first element of largest magnitude
+// (each thread scans its four in order with a strict '>', reductions keep the larger
+// magnitude and on a tie the lower index); sums per 32 over 8 threads.
+__global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p, Q8KAct a) {
+  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
+  __shared__ float s_amax[32], s_mx[32];
+  __shared__ int s_idx[32];
+  float4 o[kNormVecPer];
+  norm_vec_row(p, o);
+  const int64_t n4 = p.n / 4, row = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int k = 0; k < kNormVecPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    const float v[4] = {o[k].x, o[k].y, o[k].z, o[k].w};
+    float amax = 0.0f, mx = 0.0f;
+    int idx = INT32_MAX;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (fabsf(v[j]) > amax) {
+        amax = fabsf(v[j]);
+        mx = v[j];
+        idx = static_cast<int>(4 * i + j);
+      }
+    warp_first_max(amax, mx, idx);
+    __syncthreads();  // the previous slab's values are read
+    if (lane == 0) {
+      s_amax[warp] = amax;
+      s_mx[warp] = mx;
+      s_idx[warp] = idx;
+    }
+    __syncthreads();
+    take_first_max(s_amax[warp ^ 1], s_mx[warp ^ 1], s_idx[warp ^ 1], amax, mx, idx);  // the block's other warp
+    const bool live = i < n4;  // a whole 256-block is in the row or past it (n % 256 == 0)
+    const float iscale = amax == 0.0f ? 0.0f : -127.f / mx;
+    int qs = 0;
+    char4 q;
+    int8_t* qp = &q.x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int qi = amax == 0.0f ? 0 : static_cast<int>(fminf(127.0f, rintf(iscale * v[j])));
+      qp[j] = static_cast<int8_t>(qi);
+      qs += qi;
+    }
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) qs += __shfl_xor_sync(0xffffffffu, qs, off);
+    if (!live) continue;
+    reinterpret_cast<char4*>(a.q + row * p.n)[i] = q;
+    if (lane % 8 == 0) a.sum[row * (p.n / 32) + i / 8] = qs;
+    if (threadIdx.x % 64 == 0) a.d[row * (p.n / 256) + i / 64] = amax == 0.0f ? 0.0f : 1 / iscale;
+  }
+}
+
 }  // namespace
 
 void launch_act_round(const MatmulParams& p, ActRound kind) {
@@ -177,6 +265,18 @@ void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x) {
   const int64_t n_warps = p.n_tok * (p.n_in / 256);
   quantize_q8k_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok,
                                                                                       x);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {
+  norm_q8_kernel<<<static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
+                   np.stream>>>(np, xq, xd);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_norm_q8k(const NormParams& np, const Q8KAct& x) {
+  norm_q8k_kernel<<<static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
+                    np.stream>>>(np, x);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

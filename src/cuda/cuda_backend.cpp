@@ -457,6 +457,11 @@ void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride
 
 void CudaBackend::norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len,
                             int64_t stride, bool layer) {
+  launch_norm(norm_params(n, x, y, n_rows, len, stride, layer));
+}
+
+NormParams CudaBackend::norm_params(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len,
+                                    int64_t stride, bool layer) const {
   NormParams p;
   p.x = x;
   p.x_stride = stride;
@@ -469,12 +474,14 @@ void CudaBackend::norm_rows(const DeviceNorm& n, const float* x, float* y, int64
   p.eps = m_.hp.norm_eps;
   p.layer_norm = layer;
   p.stream = stream_;
-  launch_norm(p);
+  return p;
 }
 
 // The feed-forward block on normed h [n_tok][n_embd] -> out [n_tok][n_embd] (cpu ffn()), plus
 // residual when given (matmul's rule).
-void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual) {
+void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
+                      const NormParams* pre_norm) {
+  if (pre_norm && p.ffn != FfnKind::kGated) launch_norm(*pre_norm);
   if (p.ffn == FfnKind::kMoe) {
     moe_ffn(p, d, h, out, residual);
     return;
@@ -488,9 +495,9 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
   g.stream = stream_;
   if (p.ffn == FfnKind::kGated) {
     // self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-    const MatmulParams gu[2] = {matmul_params(d.ffn_gate, h, E, gate_.f(), n_ff),
-                                matmul_params(d.ffn_up, h, E, up_.f(), n_ff)};
-    launch_matmuls(gu, 2);  // one rounding of h for both
+    MatmulParams gu[2] = {matmul_params(d.ffn_gate, h, E, gate_.f(), n_ff), matmul_params(d.ffn_up, h, E, up_.f(), n_ff)};
+    gu[0].pre_norm = pre_norm;
+    launch_matmuls(gu, 2);  // one rounding of h for both (with the norm, when given)
     g.gate = gate_.f();
     g.up = up_.f();
     g.gate_stride = g.up_stride = n_ff;
@@ -581,10 +588,11 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   const bool ln = hp.norm == NormKind::kLayer;
   FRINK_ASSERT(max_keys >= pos0_ + n, "attention grid for {} keys, {} needed", max_keys, pos0_ + n);
 
-  // h = self.input_layernorm(x)
-  norm_rows(d.attn_norm, x_.f(), h_.f(), n, E, E, ln);
+  // h = self.input_layernorm(x)   (launched with the q/k/v products' activation preparation)
+  const NormParams attn_norm = norm_params(d.attn_norm, x_.f(), h_.f(), n, E, E, ln);
   // q, k, v = q_proj(h), k_proj(h), v_proj(h)   (or one fused projection, split)
   if (d.wqkv) {
+    launch_norm(attn_norm);
     const int64_t w3 = q_w + k_w + v_w;
     matmul(d.wqkv, h_.f(), E, qkv_.f(), w3);
     const auto split = [&](float* dst, int64_t off, int64_t w) {
@@ -597,9 +605,9 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   } else {
     // Gated attention (Qwen3-Next): wq gives [q | gate] per head, split below.
     float* q_out = p.attn_out_gate ? qkv_.f() : q_.f();
-    const MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_out, p.attn_out_gate ? 2 * q_w : q_w),
-                                 matmul_params(d.wk, h_.f(), E, k_.f(), k_w),
-                                 matmul_params(d.wv, h_.f(), E, v_.f(), v_w)};
+    MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_out, p.attn_out_gate ? 2 * q_w : q_w),
+                           matmul_params(d.wk, h_.f(), E, k_.f(), k_w), matmul_params(d.wv, h_.f(), E, v_.f(), v_w)};
+    qkv[0].pre_norm = &attn_norm;
     launch_matmuls(qkv, 3);  // one rounding of h for all three
     if (p.attn_out_gate) {
       // query_states, gate = torch.chunk(q_proj(h).view(..., head_dim * 2), 2, dim=-1)
@@ -697,12 +705,12 @@ void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d,
     if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
     launch_add(x_.f(), x_.f(), o_.f(), nullptr, n * E, stream_);
   }
-  // x = x + mlp(post_attention_layernorm(x))
-  norm_rows(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
+  // x = x + mlp(post_attention_layernorm(x))   (the norm launched by ffn)
+  const NormParams ffn_norm = norm_params(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
   if (fuse && !p.post_ffn_norm) {
-    ffn(p, d, h_.f(), x_.f(), x_.f());
+    ffn(p, d, h_.f(), x_.f(), x_.f(), &ffn_norm);
   } else {
-    ffn(p, d, h_.f(), f_.f(), nullptr);
+    ffn(p, d, h_.f(), f_.f(), nullptr, &ffn_norm);
     if (p.post_ffn_norm) norm_rows(d.post_ffn_norm, f_.f(), f_.f(), n, E, E, ln);
     launch_add(x_.f(), x_.f(), f_.f(), nullptr, n * E, stream_);
   }

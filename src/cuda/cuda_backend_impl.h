@@ -121,7 +121,12 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
               const float* residual = nullptr);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
-  void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
+  NormParams norm_params(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride,
+                         bool layer) const;
+  // pre_norm: h is that norm's output, launched here (with the gate/up products' activation
+  // preparation when it can: MatmulParams::pre_norm).
+  void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
+           const NormParams* pre_norm = nullptr);
   void moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
   // An expert product: slot s multiplies its routed expert with activation row s / x_div.
   MatmulParams expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div, float* y,

@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
+#include "cuda/norm_row.cuh"
 
 namespace frink::cuda {
 
@@ -99,6 +100,28 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
   return static_cast<size_t>(n_in * n_tok) + std::max<size_t>(static_cast<size_t>(n_in), size_t{64} << 20);
 }
 
+// ps[0].pre_norm: the norm, fused with x's preparation when the first product's is a dp4a
+// quantization the fused kernels cover; true when act_round then holds x prepared.
+bool launch_pre_norm(const MatmulParams& p) {
+  const NormParams& np = *p.pre_norm;
+  FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
+                           np.stream == p.stream
+                       ? cudaSuccess
+                       : cudaErrorInvalidValue);
+  const ActRound kind = act_prep_for(p);
+  if (kind == kActDp4a && norm_vec_ok(np) && np.n % 32 == 0) {
+    int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);
+    launch_norm_q8(np, xq, reinterpret_cast<float*>(xq + p.n_tok * p.n_in));
+    return true;
+  }
+  if (kind == kActDp4aK && norm_vec_ok(np) && np.n % 256 == 0) {
+    launch_norm_q8k(np, q8k_act(p));
+    return true;
+  }
+  launch_norm(np);
+  return false;
+}
+
 void launch_matmuls(const MatmulParams* ps, int n) {
   ActRound prev = kActNone;
   int prev_copy16 = 0;
@@ -114,7 +137,9 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                              p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream
                          ? cudaSuccess
                          : cudaErrorInvalidValue);
+    FRINK_CUDA_CHECK(i == 0 || !p.pre_norm ? cudaSuccess : cudaErrorInvalidValue);
   }
+  const bool first_ready = ps[0].pre_norm && launch_pre_norm(ps[0]);
   for (int i = 0; i < n; ++i) {
     const MatmulParams& p = ps[i];
     // Ready: the previous product prepared x the same way: same kind, same path, and the same
@@ -125,7 +150,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const ActRound kind = act_prep_for(p);
     const int copy16 = p.type == kF32 ? 0 : p.type == kBF16 ? 2 : 1;
     const bool matvec = takes_matvec(p);
-    const bool x_ready = i > 0 && kind == prev && copy16 == prev_copy16 && matvec == prev_matvec;
+    const bool x_ready = i == 0 ? first_ready : kind == prev && copy16 == prev_copy16 && matvec == prev_matvec;
     prev = kind;
     prev_copy16 = copy16;
     prev_matvec = matvec;

@@ -11,6 +11,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "cuda/norm.cuh"
+
 namespace frink::cuda {
 
 inline constexpr int64_t kMatvecMaxTok = 8;
@@ -53,6 +55,10 @@ struct MatmulParams {
   // products whose ranking matters, as an MoE router's top-k (cuBLAS rounds both operands to
   // f16, which can reorder near-tied experts).
   bool matvec_only = false;
+  // launch_matmuls only, first product: x is first computed as this norm's output (pre_norm->y
+  // == x, its rows and width x's), in the same launch as x's preparation for the dp4a kernels
+  // when that is what the products need (one kernel fewer per norm and product group).
+  const NormParams* pre_norm = nullptr;
   cudaStream_t stream = nullptr;
 };
 

@@ -169,6 +169,10 @@ constexpr int kMaxSegs = 3;
 void launch_act_round(const MatmulParams& p, ActRound kind);
 void launch_quantize_q8(const MatmulParams& p, int8_t* xq, float* xd);
 void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x);
+// The norm np and its output quantized as launch_quantize_q8 / _q8k would, in one kernel
+// (np's rows must suit the vector norm: norm_vec_ok, width a multiple of 32 / 256).
+void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd);
+void launch_norm_q8k(const NormParams& np, const Q8KAct& x);
 
 // matvec.cu: decode-sized products. staged_ok: W's rows suit the stream kernel.
 bool staged_ok(const MatmulParams& p);

@@ -286,6 +286,67 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
   cublasDestroy(blas);
 }
 
+// Rows [rows][n] of x normed into y (eps 1e-5).
+cuda::NormParams norm_params(const float* x, float* y, int64_t n, int64_t rows, const float* w, const float* b,
+                             bool layer) {
+  cuda::NormParams p;
+  p.x = x;
+  p.x_stride = n;
+  p.y = y;
+  p.y_stride = n;
+  p.n = n;
+  p.n_rows = rows;
+  p.w = w;
+  p.b = b;
+  p.eps = 1e-5f;
+  p.layer_norm = layer;
+  return p;
+}
+
+// A norm handed to launch_matmuls (MatmulParams::pre_norm) gives the same bits as the norm
+// launched first and the products after it: the fused norm + quantization kernels (Q4_0 and
+// Q8_0: Q8_0 blocks; Q4_K and Q6_K: Q8_K blocks) must quantize exactly as the separate
+// kernels, and other types take the plain norm. Widths: 4096 (1024 threads), 2304 (576: nine
+// 256-blocks of two warps each), 5120 (640 threads, two slabs of float4 per thread), 1088 (320
+// threads, the last ones past the row; Q8_0 blocks only).
+TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  cublasHandle_t blas;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F32})
+    for (int64_t n_in : {4096, 2304, 5120, 1088})
+      for (int64_t n_tok : {1, 3, 12})
+        for (bool layer : {false, true}) {
+          if (n_in % ggml_type_info(t).block_elems != 0) continue;
+          const int64_t n_out = 37;
+          auto x = random_floats(rng, n_in * n_tok);
+          x[5] = 0.0f;  // ties and zeros where the Q8_K scale rule looks
+          const auto w = random_floats(rng, n_in), b = random_floats(rng, n_in);
+          Dev<float> dx(x), dw(w), db(b), dh1(x.size()), dh2(x.size()), dy1(static_cast<size_t>(n_out * n_tok)),
+              dy2(static_cast<size_t>(n_out * n_tok)), dact1(x.size()), dact2(x.size());
+          Dev<uint8_t> dwt(random_weights(rng, t, n_in, n_out).bytes);
+          Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(n_in, n_tok)));
+          cuda::NormParams np = norm_params(dx.p, dh1.p, n_in, n_tok, dw.p, layer ? db.p : nullptr, layer);
+          cuda::launch_norm(np);  // separate: the norm, then the product
+          cuda::MatmulParams p = mat_params(t, dwt.p, n_in, n_out, dh1.p, n_tok, dy1.p);
+          p.blas = blas;
+          p.scratch = scratch.p;
+          p.scratch_elems = scratch.n;
+          p.act_round = dact1.p;
+          cuda::launch_matmul(p);
+          np.y = dh2.p;  // fused
+          p.x = dh2.p;
+          p.y = dy2.p;
+          p.act_round = dact2.p;
+          p.pre_norm = &np;
+          cuda::launch_matmul(p);
+          EXPECT_EQ(dh1.get(), dh2.get()) << ggml_type_name(t) << " n_in " << n_in << " n_tok " << n_tok;
+          EXPECT_EQ(dy1.get(), dy2.get()) << ggml_type_name(t) << " n_in " << n_in << " n_tok " << n_tok;
+        }
+  cublasDestroy(blas);
+}
+
 TEST(CudaKernels, NormsMatchHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(3);
@@ -303,18 +364,7 @@ TEST(CudaKernels, NormsMatchHost) {
             cpu::rms_norm(x.data() + r * n, w.data(), ref.data() + r * n, n, 1e-5f);
         }
         Dev<float> dx(x), dw(w), db(b), dy(x.size());
-        cuda::NormParams p;
-        p.x = dx.p;
-        p.x_stride = n;
-        p.y = dy.p;
-        p.y_stride = n;
-        p.n = n;
-        p.n_rows = rows;
-        p.w = dw.p;
-        p.b = layer ? db.p : nullptr;
-        p.eps = 1e-5f;
-        p.layer_norm = layer;
-        cuda::launch_norm(p);
+        cuda::launch_norm(norm_params(dx.p, dy.p, n, rows, dw.p, layer ? db.p : nullptr, layer));
         const auto y = dy.get();
         // f32 sums (host: double) over <= 16388 terms: ~1e-13; bound 1e-10.
         EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), 1e-10) << "n " << n << " layer " << layer;
