@@ -217,15 +217,12 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p,
     take_first_max(s_amax[warp ^ 1], s_mx[warp ^ 1], s_idx[warp ^ 1], amax, mx, idx);  // the block's other warp
     const bool live = i < n4;  // a whole 256-block is in the row or past it (n % 256 == 0)
     const float iscale = amax == 0.0f ? 0.0f : -127.f / mx;
-    int qs = 0;
-    char4 q;
-    int8_t* qp = &q.x;
+    int qi[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int qi = amax == 0.0f ? 0 : static_cast<int>(fminf(127.0f, rintf(iscale * v[j])));
-      qp[j] = static_cast<int8_t>(qi);
-      qs += qi;
-    }
+    for (int j = 0; j < 4; ++j) qi[j] = amax == 0.0f ? 0 : static_cast<int>(fminf(127.0f, rintf(iscale * v[j])));
+    const char4 q = make_char4(static_cast<int8_t>(qi[0]), static_cast<int8_t>(qi[1]), static_cast<int8_t>(qi[2]),
+                               static_cast<int8_t>(qi[3]));
+    int qs = qi[0] + qi[1] + qi[2] + qi[3];
 #pragma unroll
     for (int off = 1; off < 8; off <<= 1) qs += __shfl_xor_sync(0xffffffffu, qs, off);
     if (!live) continue;

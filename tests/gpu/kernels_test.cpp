@@ -314,20 +314,28 @@ TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
   std::mt19937 rng(31);
   cublasHandle_t blas;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(5120, 12)));  // the largest case's
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F32})
     for (int64_t n_in : {4096, 2304, 5120, 1088})
       for (int64_t n_tok : {1, 3, 12})
-        for (bool layer : {false, true}) {
+        for (int mode : {0, 1, 2}) {  // RMS norm with weights, LayerNorm with bias, RMS norm alone
           if (n_in % ggml_type_info(t).block_elems != 0) continue;
+          const bool layer = mode == 1;
           const int64_t n_out = 37;
           auto x = random_floats(rng, n_in * n_tok);
-          x[5] = 0.0f;  // ties and zeros where the Q8_K scale rule looks
+          // Mode 2 (no weight, so x's ties survive the norm): the largest magnitude twice in one
+          // 256-block, in different warps of the fused Q8_K kernel, with opposite signs: the
+          // scale must come from the first (element 10, +), as the separate kernel takes it.
+          if (mode == 2) {
+            x[10] = 50.0f;
+            x[200] = -50.0f;
+          }
           const auto w = random_floats(rng, n_in), b = random_floats(rng, n_in);
           Dev<float> dx(x), dw(w), db(b), dh1(x.size()), dh2(x.size()), dy1(static_cast<size_t>(n_out * n_tok)),
               dy2(static_cast<size_t>(n_out * n_tok)), dact1(x.size()), dact2(x.size());
           Dev<uint8_t> dwt(random_weights(rng, t, n_in, n_out).bytes);
-          Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(n_in, n_tok)));
-          cuda::NormParams np = norm_params(dx.p, dh1.p, n_in, n_tok, dw.p, layer ? db.p : nullptr, layer);
+          cuda::NormParams np =
+              norm_params(dx.p, dh1.p, n_in, n_tok, mode == 2 ? nullptr : dw.p, layer ? db.p : nullptr, layer);
           cuda::launch_norm(np);  // separate: the norm, then the product
           cuda::MatmulParams p = mat_params(t, dwt.p, n_in, n_out, dh1.p, n_tok, dy1.p);
           p.blas = blas;
