@@ -6,6 +6,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
 #include "cuda/norm_row.cuh"
+#include "cuda/glu_value.cuh"
 #include "cuda/pdl.cuh"
 
 namespace frink::cuda::mm {
@@ -105,15 +106,31 @@ __global__ void act_round_block_kernel(const float* x, int64_t x_stride, int64_t
 // one warp per row dots 4-byte chunks of weight quants with the int8 activation (__dp4a) and
 // scales each 32-block by d_w * d_x (the host's vec_dot_q4_0_q8_0 / q8_0_q8_0 arithmetic).
 // One warp per Q8 block: lane j quantizes element j. xq: [n_tok][n_in] int8, xd: [n_tok][n_in/32].
-__global__ void quantize_q8_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, int8_t* xq,
-                                   float* xd) {
+// The source is x itself (RowSource) or the gated activation computed on the way (GluSource,
+// which also stores it: the down product's x, fused with its quantization).
+struct RowSource {
+  const float* x;
+  int64_t x_stride;
+  __device__ float operator()(int64_t t, int64_t e) const { return x[t * x_stride + e]; }
+};
+struct GluSource {
+  GluParams g;
+  __device__ float operator()(int64_t t, int64_t e) const {
+    const float v = glu_value(g, t, e);
+    g.out[t * g.n + e] = v;
+    return v;
+  }
+};
+
+template <typename Src>
+__global__ void quantize_q8_kernel(Src src, int64_t n_in, int64_t n_tok, int8_t* xq, float* xd) {
   grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
   const int lane = threadIdx.x % 32;
   const int64_t n_blk = n_in / 32;
   const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   if (g >= n_blk * n_tok) return;
   const int64_t t = g / n_blk, b = g % n_blk;
-  const float v = x[t * x_stride + b * 32 + lane];
+  const float v = src(t, b * 32 + lane);
   float amax = fabsf(v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -130,17 +147,17 @@ __device__ __forceinline__ int warp_isum(int v) {
 
 // One warp per 256-block; lane j holds elements j + 32 k, so element sub-block (32) k is the
 // warp's k-th column and its sum one warp reduction.
-__global__ void quantize_q8k_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, Q8KAct a) {
+template <typename Src>
+__global__ void quantize_q8k_kernel(Src src, int64_t n_in, int64_t n_tok, Q8KAct a) {
   grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
   const int lane = threadIdx.x % 32;
   const int64_t n_blk = n_in / 256;
   const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   if (g >= n_blk * n_tok) return;
   const int64_t t = g / n_blk, b = g % n_blk;
-  const float* xs = x + t * x_stride + b * 256;
   float v[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) v[k] = xs[lane + 32 * k];
+  for (int k = 0; k < 8; ++k) v[k] = src(t, b * 256 + lane + 32 * k);
   float amax;
   const float mx = q8k_signed_max(v, amax);
   int8_t* q = a.q + t * n_in + b * 256;
@@ -251,19 +268,31 @@ void launch_act_round(const MatmulParams& p, ActRound kind) {
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
-void launch_quantize_q8(const MatmulParams& p, int8_t* xq, float* xd) {
-  const int64_t n_warps = p.n_tok * (p.n_in / 32);
-  quantize_q8_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok,
-                                                                                     xq, xd);
+template <typename Src>
+void launch_q8(Src src, int64_t n_in, int64_t n_tok, int8_t* xq, float* xd, cudaStream_t stream) {
+  const int64_t n_warps = n_tok * (n_in / 32);
+  quantize_q8_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, stream>>>(src, n_in, n_tok, xq, xd);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
-void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x) {
-  const int64_t n_warps = p.n_tok * (p.n_in / 256);
-  quantize_q8k_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok,
-                                                                                      x);
+template <typename Src>
+void launch_q8k(Src src, int64_t n_in, int64_t n_tok, const Q8KAct& x, cudaStream_t stream) {
+  const int64_t n_warps = n_tok * (n_in / 256);
+  quantize_q8k_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, stream>>>(src, n_in, n_tok, x);
   FRINK_CUDA_CHECK_LAUNCH();
 }
+
+void launch_quantize_q8(const MatmulParams& p, int8_t* xq, float* xd) {
+  launch_q8(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, xq, xd, p.stream);
+}
+
+void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x) {
+  launch_q8k(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, x, p.stream);
+}
+
+void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd) { launch_q8(GluSource{g}, g.n, g.n_tok, xq, xd, g.stream); }
+
+void launch_glu_q8k(const GluParams& g, const Q8KAct& x) { launch_q8k(GluSource{g}, g.n, g.n_tok, x, g.stream); }
 
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {
   norm_q8_kernel<<<static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,

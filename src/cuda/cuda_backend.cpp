@@ -183,9 +183,10 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
     g.up = moe_gu_.f() + S * F;
     g.gate_stride = g.up_stride = F;
   }
-  launch_glu(g);
-  // y_e = down_e(hidden), one row per slot
-  launch_matmul(expert_params(d.down_exps, moe_hidden_.f(), S, 1, moe_y_.f(), E));
+  // y_e = down_e(hidden), one row per slot (the GLU launched with its activation preparation)
+  MatmulParams down = expert_params(d.down_exps, moe_hidden_.f(), S, 1, moe_y_.f(), E);
+  down.pre_glu = &g;
+  launch_matmul(down);
   // the shared expert: down(silu(gate h) * up h) [* sigmoid(gate_inp_shexp h)]
   CombineParams c;
   if (mp.n_ff_shexp > 0) {
@@ -201,8 +202,9 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
     gs.n = Fs;
     gs.n_tok = n;
     gs.stream = stream_;
-    launch_glu(gs);
-    matmul(d.down_shexp, hidden_.f(), Fs, moe_sh_y_.f(), E);
+    MatmulParams sdown = matmul_params(d.down_shexp, hidden_.f(), Fs, moe_sh_y_.f(), E);
+    sdown.pre_glu = &gs;
+    launch_matmul(sdown);
     c.shared = moe_sh_y_.f();
     if (mp.shexp_gate && d.gate_inp_shexp) {
       MatmulParams gp = matmul_params(d.gate_inp_shexp, h, E, moe_sh_g_.f(), 1);
@@ -511,8 +513,11 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
     g.gate = gate_.f();
     g.gate_stride = n_ff;
   }
-  launch_glu(g);
-  matmul(d.ffn_down, hidden_.f(), n_ff, out, E, residual);
+  // The GLU launched with the down product's activation preparation (MatmulParams::pre_glu).
+  MatmulParams down = matmul_params(d.ffn_down, hidden_.f(), n_ff, out, E);
+  down.residual = residual;
+  down.pre_glu = &g;
+  launch_matmul(down);
 }
 
 KvMirror& CudaBackend::ready_mirror(KvCache& cache, const LayerPlan& p, int64_t n_new) {

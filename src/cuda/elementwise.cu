@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "cuda/cuda_check.h"
+#include "cuda/glu_value.cuh"
 
 namespace frink::cuda {
 
@@ -12,27 +13,9 @@ namespace {
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)); }
 
-__device__ __forceinline__ float act(float v, bool gelu) {
-  if (!gelu) return v / (1.0f + expf(-v));
-  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
-  return 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * v * (1.0f + 0.044715f * v * v)));
-}
-
 __global__ void glu_kernel(GluParams p) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.n * p.n_tok; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t t = i / p.n, j = i % p.n;
-    if (p.oai) {
-      // ggml_swiglu_oai (the host's expert_glu): x = min(g, 7), y = clamp(u, -7, 7),
-      // x * sigmoid(1.702 x) * (y + 1)
-      constexpr float kAlpha = 1.702f, kLimit = 7.0f;
-      const float x = fminf(p.gate[t * p.gate_stride + j], kLimit);
-      const float y = fminf(fmaxf(p.up[t * p.up_stride + j], -kLimit), kLimit);
-      p.out[i] = x / (1.0f + expf(kAlpha * (-x))) * (y + 1.0f);
-      continue;
-    }
-    const float g = act(p.gate[t * p.gate_stride + j], p.gelu);
-    p.out[i] = p.up ? g * p.up[t * p.up_stride + j] : g;
-  }
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.n * p.n_tok; i += int64_t{gridDim.x} * blockDim.x)
+    p.out[i] = glu_value(p, i / p.n, i % p.n);
 }
 
 __global__ void add_kernel(float* y, const float* a, const float* b, const float* c, int64_t n) {

@@ -100,25 +100,43 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
   return static_cast<size_t>(n_in * n_tok) + std::max<size_t>(static_cast<size_t>(n_in), size_t{64} << 20);
 }
 
-// ps[0].pre_norm: the norm, fused with x's preparation when the first product's is a dp4a
-// quantization the fused kernels cover; true when act_round then holds x prepared.
-bool launch_pre_norm(const MatmulParams& p) {
-  const NormParams& np = *p.pre_norm;
-  FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
-                           np.stream == p.stream
+// ps[0].pre_norm / pre_glu: the producer of x, fused with x's preparation when the first
+// product's is a dp4a quantization the fused kernels cover; true when act_round then holds x
+// prepared.
+bool launch_producer(const MatmulParams& p) {
+  const ActRound kind = act_prep_for(p);
+  int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);  // the dp4a layouts, as dispatch reads them
+  float* xd = reinterpret_cast<float*>(xq + p.n_tok * p.n_in);
+  if (p.pre_norm) {
+    const NormParams& np = *p.pre_norm;
+    FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
+                             np.stream == p.stream && !p.pre_glu
+                         ? cudaSuccess
+                         : cudaErrorInvalidValue);
+    if (kind == kActDp4a && norm_vec_ok(np) && np.n % 32 == 0) {
+      launch_norm_q8(np, xq, xd);
+      return true;
+    }
+    if (kind == kActDp4aK && norm_vec_ok(np) && np.n % 256 == 0) {
+      launch_norm_q8k(np, q8k_act(p));
+      return true;
+    }
+    launch_norm(np);
+    return false;
+  }
+  const GluParams& g = *p.pre_glu;
+  FRINK_CUDA_CHECK(g.out == p.x && p.x_stride == g.n && g.n == p.n_in && g.n_tok == p.n_tok && g.stream == p.stream
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
-  const ActRound kind = act_prep_for(p);
-  if (kind == kActDp4a && norm_vec_ok(np) && np.n % 32 == 0) {
-    int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);
-    launch_norm_q8(np, xq, reinterpret_cast<float*>(xq + p.n_tok * p.n_in));
+  if (kind == kActDp4a && g.n % 32 == 0) {
+    launch_glu_q8(g, xq, xd);
     return true;
   }
-  if (kind == kActDp4aK && norm_vec_ok(np) && np.n % 256 == 0) {
-    launch_norm_q8k(np, q8k_act(p));
+  if (kind == kActDp4aK && g.n % 256 == 0) {
+    launch_glu_q8k(g, q8k_act(p));
     return true;
   }
-  launch_norm(np);
+  launch_glu(g);
   return false;
 }
 
@@ -137,9 +155,9 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                              p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream
                          ? cudaSuccess
                          : cudaErrorInvalidValue);
-    FRINK_CUDA_CHECK(i == 0 || !p.pre_norm ? cudaSuccess : cudaErrorInvalidValue);
+    FRINK_CUDA_CHECK(i == 0 || (!p.pre_norm && !p.pre_glu) ? cudaSuccess : cudaErrorInvalidValue);
   }
-  const bool first_ready = ps[0].pre_norm && launch_pre_norm(ps[0]);
+  const bool first_ready = (ps[0].pre_norm || ps[0].pre_glu) && launch_producer(ps[0]);
   for (int i = 0; i < n; ++i) {
     const MatmulParams& p = ps[i];
     // Ready: the previous product prepared x the same way: same kind, same path, and the same

@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "cuda/elementwise.cuh"
 #include "cuda/norm.cuh"
 
 namespace frink::cuda {
@@ -59,6 +60,9 @@ struct MatmulParams {
   // == x, its rows and width x's), in the same launch as x's preparation for the dp4a kernels
   // when that is what the products need (one kernel fewer per norm and product group).
   const NormParams* pre_norm = nullptr;
+  // The same for a gated activation: x is pre_glu's output (out == x, [n_tok][n_in]), computed
+  // in the kernel that quantizes it when the products' preparation is a dp4a one.
+  const GluParams* pre_glu = nullptr;
   cudaStream_t stream = nullptr;
 };
 

@@ -173,6 +173,9 @@ void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x);
 // (np's rows must suit the vector norm: norm_vec_ok, width a multiple of 32 / 256).
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd);
 void launch_norm_q8k(const NormParams& np, const Q8KAct& x);
+// The gated activation g (written to g.out as launch_glu would) and its quantization, likewise.
+void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd);
+void launch_glu_q8k(const GluParams& g, const Q8KAct& x);
 
 // matvec.cu: decode-sized products. staged_ok: W's rows suit the stream kernel.
 bool staged_ok(const MatmulParams& p);

@@ -3,8 +3,10 @@
 // itself rounds differently), each with its reason beside it.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -303,6 +305,35 @@ cuda::NormParams norm_params(const float* x, float* y, int64_t n, int64_t rows, 
   return p;
 }
 
+// A product whose input has a producer (MatmulParams::pre_norm / pre_glu): the separate path
+// (the producer already ran into x1, then the product) against the fused one (set by `fuse`,
+// writing x2): the inputs and the outputs must be equal bit for bit.
+struct FusedCase {
+  GgmlType t;
+  const void* w;
+  int64_t n_in, n_out, n_tok;
+  cublasHandle_t blas;
+  Dev<uint16_t>* scratch;
+};
+void expect_producer_fused(const FusedCase& c, Dev<float>& x1, Dev<float>& x2,
+                           const std::function<void(cuda::MatmulParams&)>& fuse, const std::string& where) {
+  Dev<float> y1(static_cast<size_t>(c.n_out * c.n_tok)), y2(static_cast<size_t>(c.n_out * c.n_tok)),
+      act1(static_cast<size_t>(c.n_in * c.n_tok)), act2(static_cast<size_t>(c.n_in * c.n_tok));
+  cuda::MatmulParams p = mat_params(c.t, c.w, c.n_in, c.n_out, x1.p, c.n_tok, y1.p);
+  p.blas = c.blas;
+  p.scratch = c.scratch->p;
+  p.scratch_elems = c.scratch->n;
+  p.act_round = act1.p;
+  cuda::launch_matmul(p);
+  p.x = x2.p;
+  p.y = y2.p;
+  p.act_round = act2.p;
+  fuse(p);
+  cuda::launch_matmul(p);
+  EXPECT_EQ(x1.get(), x2.get()) << where;
+  EXPECT_EQ(y1.get(), y2.get()) << where;
+}
+
 // A norm handed to launch_matmuls (MatmulParams::pre_norm) gives the same bits as the norm
 // launched first and the products after it: the fused norm + quantization kernels (Q4_0 and
 // Q8_0: Q8_0 blocks; Q4_K and Q6_K: Q8_K blocks) must quantize exactly as the separate
@@ -331,26 +362,53 @@ TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
             x[200] = -50.0f;
           }
           const auto w = random_floats(rng, n_in), b = random_floats(rng, n_in);
-          Dev<float> dx(x), dw(w), db(b), dh1(x.size()), dh2(x.size()), dy1(static_cast<size_t>(n_out * n_tok)),
-              dy2(static_cast<size_t>(n_out * n_tok)), dact1(x.size()), dact2(x.size());
+          Dev<float> dx(x), dw(w), db(b), dh1(x.size()), dh2(x.size());
           Dev<uint8_t> dwt(random_weights(rng, t, n_in, n_out).bytes);
           cuda::NormParams np =
               norm_params(dx.p, dh1.p, n_in, n_tok, mode == 2 ? nullptr : dw.p, layer ? db.p : nullptr, layer);
           cuda::launch_norm(np);  // separate: the norm, then the product
-          cuda::MatmulParams p = mat_params(t, dwt.p, n_in, n_out, dh1.p, n_tok, dy1.p);
-          p.blas = blas;
-          p.scratch = scratch.p;
-          p.scratch_elems = scratch.n;
-          p.act_round = dact1.p;
-          cuda::launch_matmul(p);
-          np.y = dh2.p;  // fused
-          p.x = dh2.p;
-          p.y = dy2.p;
-          p.act_round = dact2.p;
-          p.pre_norm = &np;
-          cuda::launch_matmul(p);
-          EXPECT_EQ(dh1.get(), dh2.get()) << ggml_type_name(t) << " n_in " << n_in << " n_tok " << n_tok;
-          EXPECT_EQ(dy1.get(), dy2.get()) << ggml_type_name(t) << " n_in " << n_in << " n_tok " << n_tok;
+          np.y = dh2.p;
+          expect_producer_fused(
+              {t, dwt.p, n_in, n_out, n_tok, blas, &scratch}, dh1, dh2, [&](cuda::MatmulParams& p) { p.pre_norm = &np; },
+              std::string(ggml_type_name(t)) + " n_in " + std::to_string(n_in) + " n_tok " + std::to_string(n_tok) +
+                  " mode " + std::to_string(mode));
+        }
+  cublasDestroy(blas);
+}
+
+// A gated activation handed to launch_matmuls (MatmulParams::pre_glu) gives the same bits as
+// launch_glu followed by the product: SiLU, GELU, gpt-oss's clamped form and gate-only, for
+// the four dp4a types (fused) and BF16 (plain), decode and prompt batches.
+TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(37);
+  cublasHandle_t blas;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(2304, 12)));
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16})
+    for (int64_t n_in : {768, 2304})
+      for (int64_t n_tok : {1, 3, 12})
+        for (int mode : {0, 1, 2, 3}) {  // SiLU, GELU, clamped SwiGLU (oai), SiLU of the gate alone
+          if (n_in % ggml_type_info(t).block_elems != 0) continue;
+          const int64_t n_out = 29;
+          const auto gate = random_floats(rng, n_in * n_tok), up = random_floats(rng, n_in * n_tok);
+          Dev<float> dg(gate), du(up), dh1(gate.size()), dh2(gate.size());
+          Dev<uint8_t> dwt(random_weights(rng, t, n_in, n_out).bytes);
+          cuda::GluParams g;
+          g.gate = dg.p;
+          g.up = mode == 3 ? nullptr : du.p;
+          g.gate_stride = g.up_stride = n_in;
+          g.n = n_in;
+          g.n_tok = n_tok;
+          g.gelu = mode == 1;
+          g.oai = mode == 2;
+          g.out = dh1.p;
+          cuda::launch_glu(g);  // separate: the activation, then the product
+          g.out = dh2.p;
+          expect_producer_fused(
+              {t, dwt.p, n_in, n_out, n_tok, blas, &scratch}, dh1, dh2, [&](cuda::MatmulParams& p) { p.pre_glu = &g; },
+              std::string(ggml_type_name(t)) + " n_in " + std::to_string(n_in) + " n_tok " + std::to_string(n_tok) +
+                  " mode " + std::to_string(mode));
         }
   cublasDestroy(blas);
 }
