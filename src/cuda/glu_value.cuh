@@ -10,7 +10,7 @@
 namespace frink::cuda {
 
 // SiLU, or GELU's tanh form (the host's silu_inplace / gelu_tanh_inplace).
-__device__ __forceinline__ float act(float v, bool gelu) {
+__device__ __forceinline__ float glu_act(float v, bool gelu) {
   if (!gelu) return v / (1.0f + expf(-v));
   constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
   return 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * v * (1.0f + 0.044715f * v * v)));
@@ -26,7 +26,7 @@ __device__ __forceinline__ float glu_value(const GluParams& p, int64_t t, int64_
     const float y = fminf(fmaxf(p.up[t * p.up_stride + j], -kLimit), kLimit);
     return x / (1.0f + expf(kAlpha * (-x))) * (y + 1.0f);
   }
-  const float g = act(p.gate[t * p.gate_stride + j], p.gelu);
+  const float g = glu_act(p.gate[t * p.gate_stride + j], p.gelu);
   return p.up ? g * p.up[t * p.up_stride + j] : g;
 }
 

@@ -105,8 +105,9 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
 // prepared.
 bool launch_producer(const MatmulParams& p) {
   const ActRound kind = act_prep_for(p);
-  int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);  // the dp4a layouts, as dispatch reads them
-  float* xd = reinterpret_cast<float*>(xq + p.n_tok * p.n_in);
+  // The Q8_0 layout as dispatch reads it (kind kActDp4a implies act_round is set).
+  const auto xq = [&] { return reinterpret_cast<int8_t*>(p.act_round); };
+  const auto xd = [&] { return reinterpret_cast<float*>(xq() + p.n_tok * p.n_in); };
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
     FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
@@ -114,7 +115,7 @@ bool launch_producer(const MatmulParams& p) {
                          ? cudaSuccess
                          : cudaErrorInvalidValue);
     if (kind == kActDp4a && norm_vec_ok(np) && np.n % 32 == 0) {
-      launch_norm_q8(np, xq, xd);
+      launch_norm_q8(np, xq(), xd());
       return true;
     }
     if (kind == kActDp4aK && norm_vec_ok(np) && np.n % 256 == 0) {
@@ -129,7 +130,7 @@ bool launch_producer(const MatmulParams& p) {
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   if (kind == kActDp4a && g.n % 32 == 0) {
-    launch_glu_q8(g, xq, xd);
+    launch_glu_q8(g, xq(), xd());
     return true;
   }
   if (kind == kActDp4aK && g.n % 256 == 0) {

@@ -388,16 +388,17 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16})
     for (int64_t n_in : {768, 2304})
       for (int64_t n_tok : {1, 3, 12})
-        for (int mode : {0, 1, 2, 3}) {  // SiLU, GELU, clamped SwiGLU (oai), SiLU of the gate alone
+        for (int mode : {0, 1, 2, 3, 4}) {  // SiLU, GELU, clamped SwiGLU (oai), SiLU of the gate
+                                             // alone, SiLU of a fused gate|up row (stride 2 n)
           if (n_in % ggml_type_info(t).block_elems != 0) continue;
           const int64_t n_out = 29;
-          const auto gate = random_floats(rng, n_in * n_tok), up = random_floats(rng, n_in * n_tok);
-          Dev<float> dg(gate), du(up), dh1(gate.size()), dh2(gate.size());
+          const auto gate = random_floats(rng, 2 * n_in * n_tok), up = random_floats(rng, n_in * n_tok);
+          Dev<float> dg(gate), du(up), dh1(static_cast<size_t>(n_in * n_tok)), dh2(static_cast<size_t>(n_in * n_tok));
           Dev<uint8_t> dwt(random_weights(rng, t, n_in, n_out).bytes);
           cuda::GluParams g;
           g.gate = dg.p;
-          g.up = mode == 3 ? nullptr : du.p;
-          g.gate_stride = g.up_stride = n_in;
+          g.up = mode == 3 ? nullptr : mode == 4 ? dg.p + n_in : du.p;
+          g.gate_stride = g.up_stride = mode == 4 ? 2 * n_in : n_in;
           g.n = n_in;
           g.n_tok = n_tok;
           g.gelu = mode == 1;
