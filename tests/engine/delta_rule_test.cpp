@@ -198,18 +198,6 @@ TEST(DeltaRule, ModelPrefillChunkedEqualsTokenByToken) {
   }
 }
 
-// Logits of `steps` greedy decode steps after the session's current tokens.
-std::vector<float> decode_steps(Decoder& dec, Session& s, int32_t first, int steps) {
-  std::vector<float> all, step;
-  int32_t next = first;
-  for (int i = 0; i < steps; ++i) {
-    dec.eval(s, {next}, false, step);
-    all.insert(all.end(), step.begin(), step.end());
-    next = greedy_token(step.data(), static_cast<int64_t>(step.size()));
-  }
-  return all;
-}
-
 // Rewinding to a snapshot position is exact and replays nothing; rewinding to a position
 // without one replays from the nearest snapshot before it. Either way the following decode
 // equals a fresh session's that ran only the kept tokens. Same arithmetic on both sides (the

@@ -10,6 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/decoder.h"
+#include "engine/sampler.h"
+
 namespace frink::test {
 
 struct LogitsRun {
@@ -48,5 +51,17 @@ void expect_matches(const OracleCheck& c, double bound);
 
 // Test-name suffix for a parameter like "llama-dense" ("llama_dense").
 std::string param_name(const ::testing::TestParamInfo<const char*>& info);
+
+// Logits of `steps` greedy decode steps after the session's current tokens.
+inline std::vector<float> decode_steps(Decoder& dec, Session& s, int32_t first, int steps) {
+  std::vector<float> all, step;
+  int32_t next = first;
+  for (int i = 0; i < steps; ++i) {
+    dec.eval(s, {next}, false, step);
+    all.insert(all.end(), step.begin(), step.end());
+    next = greedy_token(step.data(), static_cast<int64_t>(step.size()));
+  }
+  return all;
+}
 
 }  // namespace frink::test

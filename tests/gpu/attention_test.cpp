@@ -1,7 +1,8 @@
-// Device attention (src/cuda/attention.cu) against a double-precision causal softmax, for the
-// paths launch_attention picks: 64-key split-K decode (grouped and per-head kernels, merge),
-// the exact f32 tiled prefill and the tensor-core (f16 in, f32 accumulate) prefill. Each case
-// prints its NMSE, so a run on the device shows the margin to each bound.
+// Device attention (src/cuda/attention.cu) against a double-precision causal softmax (windows,
+// ALiBi and sinks as the host's attend has them), for the paths launch_attention picks:
+// 64-key split-K decode (grouped and per-head kernels, merge), the exact f32 tiled prefill
+// and the tensor-core (f16 in, f32 accumulate) prefill. Each case prints its NMSE, so a run on
+// the device shows the margin to each bound.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,25 +22,6 @@
 
 namespace frink::test {
 namespace {
-
-template <typename T>
-struct DevBuf {  // a device copy of a host vector, freed at scope end
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(const std::vector<T>& h) : n(h.size()) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
-    if (n) {
-      EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  ~DevBuf() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
 
 struct Case {
   int64_t n_tok, pos0, n_head, n_head_kv, hd;
@@ -105,12 +87,12 @@ double run_case(std::mt19937& rng, const Case& c) {
       for (int64_t i = 0; i < c.hd; ++i)
         ref[static_cast<size_t>((t * c.n_head + h) * c.hd + i)] = static_cast<float>(o[static_cast<size_t>(i)] / sum);
     }
-  DevBuf<float> dq(q), dk(k), dv(v), dout(std::vector<float>(ref.size(), -1e30f)),
+  Dev<float> dq(q), dk(k), dv(v), dout(std::vector<float>(ref.size(), -1e30f)),
       part(std::vector<float>(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd), 10.0f));
   // part holds plausible leftovers (m = l = acc = 10), as the engine's scratch does from
   // earlier layers: a merge that read a split nobody wrote would take them in.
-  DevBuf<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
-  DevBuf<float> dslopes(slopes), dsinks(sinks);
+  Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
+  Dev<float> dslopes(slopes), dsinks(sinks);
   cuda::AttnParams p;
   p.q = dq.p;
   p.q_stride = c.n_head * c.hd;
@@ -207,6 +189,44 @@ TEST(CudaAttention, PrefillMatchesReference) {
     // Bound 1e-5: 30x that, and 10x inside the model parity tests' 1e-4 against the host.
     // f32 paths: ~1e-13, bound 1e-9 as for decode.
     EXPECT_LT(e, mma ? 1e-5 : 1e-9) << describe(c) << (mma ? " (tensor cores)" : " (f32)");
+  }
+}
+
+// The first kernels' table (it stood in kernels_test.cpp): decode and small batches, GQA, head
+// widths that are not multiples of 32, contexts spanning several splits, softcap, grids sized
+// for far more keys than there are, windows, ALiBi and sinks alone and together. All below
+// kAttnMmaMinTok queries: f32 paths throughout.
+TEST(CudaAttention, SmallBatchesMatchReference) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  const Case cases[] = {
+      {1, 0, 4, 2, 64, 0}, {1, 700, 8, 2, 128, 0}, {5, 3, 4, 4, 40, 0}, {3, 530, 6, 3, 72, 30.0f},
+      {1, 2047, 2, 1, 256, 0}, {17, 0, 4, 1, 64, 50.0f}, {1, 700, 8, 2, 128, 0, 4096},
+      {1, 0, 4, 2, 64, 0, 512}, {2, 300, 4, 2, 64, 0, 1024},
+      // n_tok >= kAttnPrefillMinTok: the tiled prefill kernel (partial query and
+      // key tiles, odd and non-multiple-of-32 head dims); hd 256 falls back
+      {40, 300, 8, 2, 128, 0}, {9, 0, 2, 2, 40, 0}, {33, 5, 4, 4, 72, 30.0f},
+      {64, 0, 4, 2, 128, 0}, {8, 31, 3, 1, 33, 0}, {12, 10, 2, 1, 256, 0},
+      // decode and small batches with groups of 4..8 query heads: the grouped
+      // split-K kernel (group 16 falls back to the per-head one)
+      {1, 1000, 16, 2, 64, 30.0f}, {3, 600, 8, 1, 72, 0}, {2, 513, 12, 3, 40, 0},
+      {1, 40, 16, 1, 64, 0}, {1, 300, 8, 2, 128, 0, 2048},
+      // windows (starting inside a split and inside a tile, narrower than a tile),
+      // ALiBi and sinks, alone and together (gpt-oss: window + sinks), on all paths
+      {1, 700, 8, 2, 128, 0, 0, 100}, {1, 700, 8, 2, 128, 0, 4096, 100},
+      {1, 700, 6, 6, 64, 0, 0, 300}, {40, 300, 8, 2, 64, 0, 0, 50},
+      {33, 0, 4, 4, 72, 0, 0, 16}, {5, 100, 4, 4, 64, 0, 0, 0, true},
+      {20, 10, 6, 6, 40, 0, 0, 0, true}, {1, 500, 8, 2, 64, 0, 0, 0, true},
+      {1, 300, 8, 2, 64, 0, 0, 0, false, true}, {17, 5, 4, 1, 64, 0, 0, 0, false, true},
+      {1, 600, 8, 2, 64, 0, 0, 128, false, true}, {12, 200, 16, 2, 64, 0, 0, 64, false, true},
+      {3, 40, 5, 5, 64, 30.0f, 0, 0, false, true}
+  };
+  for (const Case& c : cases) {
+    ASSERT_FALSE(cuda::attn_uses_tensor_cores(c.n_tok, c.hd, c.hd)) << describe(c);
+    const double e = run_case(rng, c);
+    std::printf("small   %s: nmse %.3g\n", describe(c).c_str(), e);
+    // f32 online softmax and sums over <= 2048 keys: ~1e-12; bound 1e-9.
+    EXPECT_LT(e, 1e-9) << describe(c);
   }
 }
 

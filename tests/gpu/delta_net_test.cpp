@@ -27,6 +27,7 @@
 #include "cpu/delta_rule.h"
 #include "cuda/delta_net.cuh"
 #include "engine/decoder.h"
+#include "engine/logits_harness.h"
 #include "engine/rewind.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -34,27 +35,6 @@
 
 namespace frink::test {
 namespace {
-
-// A device copy of a host vector, freed at scope end.
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(const std::vector<T>& h) : n(h.size()) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
-    if (n) {
-      EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  explicit Dev(size_t count) : Dev(std::vector<T>(count, T(-1e30f))) {}  // poisoned
-  ~Dev() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
 
 std::vector<float> uniform(std::mt19937& rng, size_t n, float lo, float hi) {
   std::uniform_real_distribution<float> u(lo, hi);
@@ -330,18 +310,6 @@ std::vector<int32_t> prompt_for(const Model& m, int n) {
   std::vector<int32_t> p;
   for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((1 + 7 * i * i + 3 * i) % m.hp.n_vocab));
   return p;
-}
-
-// Logits of `steps` greedy decode steps after the session's current tokens.
-std::vector<float> decode_steps(Decoder& dec, Session& s, int32_t first, int steps) {
-  std::vector<float> all, step;
-  int32_t next = first;
-  for (int i = 0; i < steps; ++i) {
-    dec.eval(s, {next}, false, step);
-    all.insert(all.end(), step.begin(), step.end());
-    next = greedy_token(step.data(), static_cast<int64_t>(step.size()));
-  }
-  return all;
 }
 
 struct HybridRun {

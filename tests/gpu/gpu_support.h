@@ -12,6 +12,11 @@
 
 #include "support/test_support.h"
 #ifdef FRINK_HAVE_CUDA
+#include <algorithm>
+#include <vector>
+
+#include <cuda_runtime.h>
+
 #include "cuda/device_probe.h"
 #endif
 
@@ -45,5 +50,30 @@ inline std::filesystem::path gpu_testdata() {
         !std::filesystem::exists(::frink::test::gpu_testdata() / (rel)))                     \
       GTEST_SKIP() << "fixture " << (rel) << " absent (set FRINK_GPU_TESTDATA); skipping";   \
   } while (0)
+
+#ifdef FRINK_HAVE_CUDA
+// A device copy of a host vector, freed at scope end.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+    if (n) {
+      EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  explicit Dev(size_t count) : Dev(std::vector<T>(count, T(-1e30f))) {}  // poisoned
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+#endif
 
 }  // namespace frink::test
