@@ -23,6 +23,28 @@ __global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t 
   }
 }
 
+// The host's two rounding rules, written once for the kernels below (the rounded-f32, int8
+// and fused forms must agree value for value).
+// Q8_0 (quantize_row_q8_0) for a 32-block of largest magnitude amax: quant = roundf(x * inv),
+// scale kept = d (rounded to f16).
+struct Q8Rule {
+  float inv, d;
+};
+__device__ __forceinline__ Q8Rule q8_0_rule(float amax) {
+  const float d = amax / 127;
+  return {d != 0.0f ? 1.0f / d : 0.0f, __half2float(__float2half_rn(d))};
+}
+// Q8_K (quantize_row_q8_K) for a 256-block whose first value of largest magnitude is mx
+// (amax = |mx|; 0 for an all-zero block, whose quants and scale are 0).
+__device__ __forceinline__ float q8k_iscale(float amax, float mx) { return amax == 0.0f ? 0.0f : -127.f / mx; }
+__device__ __forceinline__ float q8k_quant_f(float v, float amax, float iscale) {
+  return amax == 0.0f ? 0.0f : fminf(127.0f, rintf(iscale * v));
+}
+__device__ __forceinline__ int q8k_quant(float v, float amax, float iscale) {
+  return static_cast<int>(q8k_quant_f(v, amax, iscale));
+}
+__device__ __forceinline__ float q8k_scale(float amax, float iscale) { return amax == 0.0f ? 0.0f : 1 / iscale; }
+
 // Q8_K's scale rule across candidates (magnitude amax, signed value mx, element index idx):
 // the larger magnitude wins, on a tie the lower index (the host's first element of largest
 // magnitude). take_first_max folds one more candidate in; warp_first_max reduces the warp.
@@ -84,20 +106,14 @@ __global__ void act_round_block_kernel(const float* x, int64_t x_stride, int64_t
     float amax = fabsf(v[0]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const float dh = __half2float(__float2half_rn(d));
-    o[lane] = roundf(v[0] * id) * dh;
+    const Q8Rule r = q8_0_rule(amax);
+    o[lane] = roundf(v[0] * r.inv) * r.d;
   } else {
     float amax;
     const float mx = q8k_signed_max(v, amax);
-    if (amax == 0.0f) {
+    const float iscale = q8k_iscale(amax, mx), d = q8k_scale(amax, iscale);
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) o[lane + 32 * k] = 0.0f;
-      return;
-    }
-    const float iscale = -127.f / mx, d = 1 / iscale;
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) o[lane + 32 * k] = fminf(127.0f, rintf(iscale * v[k])) * d;
+    for (int k = 0; k < kPer; ++k) o[lane + 32 * k] = q8k_quant_f(v[k], amax, iscale) * d;
   }
 }
 
@@ -134,9 +150,9 @@ __global__ void quantize_q8_kernel(Src src, int64_t n_in, int64_t n_tok, int8_t*
   float amax = fabsf(v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
-  xq[t * n_in + b * 32 + lane] = static_cast<int8_t>(roundf(v * id));
-  if (lane == 0) xd[t * n_blk + b] = __half2float(__float2half_rn(d));
+  const Q8Rule r = q8_0_rule(amax);
+  xq[t * n_in + b * 32 + lane] = static_cast<int8_t>(roundf(v * r.inv));
+  if (lane == 0) xd[t * n_blk + b] = r.d;
 }
 
 __device__ __forceinline__ int warp_isum(int v) {
@@ -162,15 +178,15 @@ __global__ void quantize_q8k_kernel(Src src, int64_t n_in, int64_t n_tok, Q8KAct
   const float mx = q8k_signed_max(v, amax);
   int8_t* q = a.q + t * n_in + b * 256;
   int32_t* sum = a.sum + t * (n_in / 32) + b * 8;
-  const float iscale = amax == 0.0f ? 0.0f : -127.f / mx;
+  const float iscale = q8k_iscale(amax, mx);
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const int qi = amax == 0.0f ? 0 : static_cast<int>(fminf(127.0f, rintf(iscale * v[k])));
+    const int qi = q8k_quant(v[k], amax, iscale);
     q[lane + 32 * k] = static_cast<int8_t>(qi);
     const int s = warp_isum(qi);
     if (lane == 0) sum[k] = s;
   }
-  if (lane == 0) a.d[t * n_blk + b] = amax == 0.0f ? 0.0f : 1 / iscale;
+  if (lane == 0) a.d[t * n_blk + b] = q8k_scale(amax, iscale);
 }
 
 
@@ -190,11 +206,11 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, 
 #pragma unroll
     for (int off = 1; off < 8; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     if (i >= n4) continue;  // a whole 32-block is in the row or past it (n % 32 == 0)
-    const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const char4 q = make_char4(static_cast<int8_t>(roundf(o[k].x * id)), static_cast<int8_t>(roundf(o[k].y * id)),
-                               static_cast<int8_t>(roundf(o[k].z * id)), static_cast<int8_t>(roundf(o[k].w * id)));
+    const Q8Rule r = q8_0_rule(amax);
+    const char4 q = make_char4(static_cast<int8_t>(roundf(o[k].x * r.inv)), static_cast<int8_t>(roundf(o[k].y * r.inv)),
+                               static_cast<int8_t>(roundf(o[k].z * r.inv)), static_cast<int8_t>(roundf(o[k].w * r.inv)));
     reinterpret_cast<char4*>(xq + row * p.n)[i] = q;
-    if (lane % 8 == 0) xd[row * n_blk + i / 8] = __half2float(__float2half_rn(d));
+    if (lane % 8 == 0) xd[row * n_blk + i / 8] = r.d;
   }
 }
 
@@ -233,10 +249,10 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p,
     __syncthreads();
     take_first_max(s_amax[warp ^ 1], s_mx[warp ^ 1], s_idx[warp ^ 1], amax, mx, idx);  // the block's other warp
     const bool live = i < n4;  // a whole 256-block is in the row or past it (n % 256 == 0)
-    const float iscale = amax == 0.0f ? 0.0f : -127.f / mx;
+    const float iscale = q8k_iscale(amax, mx);
     int qi[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) qi[j] = amax == 0.0f ? 0 : static_cast<int>(fminf(127.0f, rintf(iscale * v[j])));
+    for (int j = 0; j < 4; ++j) qi[j] = q8k_quant(v[j], amax, iscale);
     const char4 q = make_char4(static_cast<int8_t>(qi[0]), static_cast<int8_t>(qi[1]), static_cast<int8_t>(qi[2]),
                                static_cast<int8_t>(qi[3]));
     int qs = qi[0] + qi[1] + qi[2] + qi[3];
@@ -245,7 +261,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p,
     if (!live) continue;
     reinterpret_cast<char4*>(a.q + row * p.n)[i] = q;
     if (lane % 8 == 0) a.sum[row * (p.n / 32) + i / 8] = qs;
-    if (threadIdx.x % 64 == 0) a.d[row * (p.n / 256) + i / 64] = amax == 0.0f ? 0.0f : 1 / iscale;
+    if (threadIdx.x % 64 == 0) a.d[row * (p.n / 256) + i / 64] = q8k_scale(amax, iscale);
   }
 }
 

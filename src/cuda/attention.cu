@@ -470,20 +470,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
   issue_tile<D>(sm, p, hk, block_first, static_cast<int>(min(static_cast<int64_t>(kMmaKeys), block_end - block_first)));
   {
     const float* qsrc = p.q + t0 * p.q_stride + h * D;
+    // Q times mul into sm.k as f16; whether this thread saw a value beyond f16's safe range.
     // Q rows need not be 16-byte aligned (q_stride is the caller's): scalar loads.
-    bool big = false;
-    for (int i = threadIdx.x; i < kMmaRows * D / 4; i += kMmaWarps * 32) {
-      const int r = i / (D / 4), c = i % (D / 4);
-      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < n_rows) {
-        const float* s = qsrc + r * p.q_stride + 4 * c;
-        x = make_float4(s[0], s[1], s[2], s[3]);
-      }
-      big |= f16_unsafe(x);
-      store_half4(&sm.k[r][4 * c], x);
-    }
-    if (__syncthreads_or(big)) {  // rare: restage Q scaled down (block-uniform)
-      qmul = kF16Down;
+    const auto stage_q = [&](float mul) {
+      bool big = false;
       for (int i = threadIdx.x; i < kMmaRows * D / 4; i += kMmaWarps * 32) {
         const int r = i / (D / 4), c = i % (D / 4);
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -491,8 +481,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
           const float* s = qsrc + r * p.q_stride + 4 * c;
           x = make_float4(s[0], s[1], s[2], s[3]);
         }
-        store_half4(&sm.k[r][4 * c], mul4(x, kF16Down));
+        big |= f16_unsafe(x);
+        store_half4(&sm.k[r][4 * c], mul4(x, mul));  // x * 1.0f is x exactly
       }
+      return big;
+    };
+    if (__syncthreads_or(stage_q(1.0f))) {  // rare: restage Q scaled down (block-uniform)
+      qmul = kF16Down;
+      stage_q(kF16Down);
       __syncthreads();
     }
     const int rw = warp * 16;

@@ -230,10 +230,11 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   // Rows still pending here belong to a batch that failed on the device (its error went up);
   // they never reached the host, and their mirrors, never caught up, re-upload when next used.
   // Recurrent work pending likewise never landed: its mirror layers stay untrusted.
-  clear_pending();
   // A failed batch may have left early copies running (flush waits for them otherwise); the
-  // staging they write may be reallocated below.
-  FRINK_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  // staging they write may be reallocated below. Only then: this runs every decode token.
+  if (std::any_of(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; }))
+    FRINK_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  clear_pending();
   ++batch_tick_;
   // The batch's caches count as in use before any of them is readied, so making room for one
   // layer's mirror never evicts another layer of the same sequence.

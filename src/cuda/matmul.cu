@@ -47,7 +47,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
       int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);  // int8 quants, then the f32 block scales
       float* xd = reinterpret_cast<float*>(xq + p.n_tok * p.n_in);
       if (!x_ready) launch_quantize_q8(p, xq, xd);
-      matvec_dp4a_launch<T>(ps, n, StagedAct{xq, xd, {}, nullptr});
+      matvec_stream_launch<T>(ps, n, StagedAct{xq, xd, {}, nullptr});
       return;
     }
   }
@@ -55,7 +55,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
     if (kind == kActDp4aK) {
       const Q8KAct x = q8k_act(p);
       if (!x_ready) launch_quantize_q8k(p, x);
-      matvec_dp4a_launch<T>(ps, n, StagedAct{nullptr, nullptr, x, nullptr});
+      matvec_stream_launch<T>(ps, n, StagedAct{nullptr, nullptr, x, nullptr});
       return;
     }
   }
@@ -75,7 +75,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
         group[i].x = p.x;
         group[i].x_stride = p.x_stride;
       }
-      matvec_dp4a_launch<T>(group, n, StagedAct{nullptr, nullptr, {}, p.x});
+      matvec_stream_launch<T>(group, n, StagedAct{nullptr, nullptr, {}, p.x});
       return;
     }
   }

@@ -468,7 +468,7 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
 // Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
 // on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: n == 1.
 template <int T>
-void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
+void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   const MatmulParams& p = ps[0];
   bool staged = true;
   for (int i = 0; i < n; ++i) staged = staged && staged_ok(ps[i]);
@@ -477,8 +477,7 @@ void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       for (int i = 0; i < n; ++i)
         launch_rows(ps[i], args_of(ps[i]), static_cast<unsigned>((ps[i].n_out + kSWarps - 1) / kSWarps),
                     [&](const Args& a, dim3 g, int64_t t0, bool four) {
-                      StagedAct x = act_at<T>(x0, t0, p.n_in);
-                      if constexpr (Staged<T>::kPlain) x.x = a.x;
+                      const StagedAct x = act_at<T>(x0, t0, p.n_in);
                       if (four) matvec_direct_kernel<T, 4><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
                       else matvec_direct_kernel<T, 1><<<g, kSWarps * 32, 0, p.stream>>>(a, x);
                       FRINK_CUDA_CHECK_LAUNCH();
@@ -497,7 +496,7 @@ void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // Grid: one warp per row pair. (v4 filled the GPU once with the resident warps, each
   // walking several row pairs with 3 stages: slower on every product but the grouped q/k/v;
   // each warp's arithmetic, not the number of loads in flight, was then the limit.)
-  auto grid_x = [&](int64_t, bool) { return static_cast<unsigned>((groups + kSWarps - 1) / kSWarps); };
+  const auto grid_x = static_cast<unsigned>((groups + kSWarps - 1) / kSWarps);
   auto launch = [&](const Segs& s, dim3 g, int64_t t0, bool four) {
     StagedAct x = act_at<T>(x0, t0, p.n_in);
     if constexpr (Staged<T>::kPlain) x.x = s.a[0].x;
@@ -505,7 +504,7 @@ void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     else launch_dependent(matvec_stream_kernel<T, 1>, g, dim3(kSWarps * 32), p.stream, s, x);
   };
   if (p.slot_expert) {
-    launch_rows(p, sg.a[0], grid_x(std::min<int64_t>(p.n_slots, 65535), false),
+    launch_rows(p, sg.a[0], grid_x,
                 [&](const Args& a, dim3 g, int64_t t0, bool four) {
                   Segs s = sg;
                   s.a[0] = a;
@@ -517,7 +516,7 @@ void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     const bool four = p.n_tok - t0 >= 4;
     Segs s = sg;
     for (int i = 0; i < n; ++i) s.a[i] = args_at(ps[i], sg.a[i], t0);
-    launch(s, dim3(grid_x(1, four)), t0, four);
+    launch(s, dim3(grid_x), t0, four);
     t0 += four ? 4 : 1;
   }
 }
@@ -526,11 +525,11 @@ void matvec_dp4a_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
 #define FRINK_INST(T) template void matvec_launch<T>(const MatmulParams&, const Args&);
 FRINK_FOR_EACH_DEVICE_TYPE(FRINK_INST)
 #undef FRINK_INST
-template void matvec_dp4a_launch<kQ4_0>(const MatmulParams*, int, const StagedAct&);
-template void matvec_dp4a_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
-template void matvec_dp4a_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
-template void matvec_dp4a_launch<kQ6_K>(const MatmulParams*, int, const StagedAct&);
-template void matvec_dp4a_launch<kF16>(const MatmulParams*, int, const StagedAct&);
-template void matvec_dp4a_launch<kBF16>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ4_0>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ6_K>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kF16>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kBF16>(const MatmulParams*, int, const StagedAct&);
 
 }  // namespace frink::cuda::mm
