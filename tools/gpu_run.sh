@@ -11,7 +11,9 @@
 # then run with carry [".fixtures/carry"] (the packed stage):
 #   TYPES="Q4_0 Q8_0" DEPTHS=0,4096,16384 PROFILE=1 bash tools/gpu_run.sh
 # PROFILE=1 adds an ncu decode profile per type, PROFILE_PP=1 one of a pp512 batch; both are
-# slow (ncu replays each kernel): keep TYPES short when profiling.
+# slow (ncu replays each kernel): keep TYPES short when profiling. NCU_FLAGS="--cache-control none"
+# keeps L2 warm between kernels as in a real run (by default ncu flushes it before each).
+# NO_BENCH=1 skips the benches (a profile-only call).
 # Without carried binaries it builds here (-j16, sm_90) first.
 set -o pipefail
 G=$PWD/.fixtures/gpu
@@ -33,17 +35,17 @@ timeout ${TEST_TIMEOUT:-200} "$TEST_GPU" 2>&1 | tee "$OUT/test_gpu.txt" |
   grep -E "^\[gpu\]|FAILED|PASSED|Failure|error" | head -80
 for T in ${TYPES:-Q4_0}; do
   "$FRINK" synth --preset ${PRESET:-llama3.1-8b} --type "$T" -o /tmp/m.gguf 2>&1 | tail -1
-  "$FRINK" bench -m /tmp/m.gguf --device cuda -p ${PP:-512} -n 128 -d ${DEPTHS:-0} -r ${REPS:-3} --peak-gbps 4300 2>&1 |
+  [ -z "$NO_BENCH" ] && "$FRINK" bench -m /tmp/m.gguf --device cuda -p ${PP:-512} -n 128 -d ${DEPTHS:-0} -r ${REPS:-3} --peak-gbps 4300 2>&1 |
     grep -v "uploading weights" | tee -a "$OUT/bench.txt"
   if [ -n "$PROFILE" ]; then
-    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_tg_$T.csv" \
+    timeout 200 ncu --clock-control none ${NCU_FLAGS} --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_tg_$T.csv" \
       "$FRINK" bench -m /tmp/m.gguf --device cuda -p 0 -n 2 -r 1 >/dev/null 2>&1
-    python3 tools/ncu_summary.py "$OUT/ncu_tg_$T.csv" | head -20
+    python3 tools/ncu_summary.py "$OUT/ncu_tg_$T.csv" --grid | head -40
   fi
   if [ -n "$PROFILE_PP" ]; then  # one pp512 batch per kernel (the warm-up batch is profiled too)
-    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_pp_$T.csv" \
+    timeout 200 ncu --clock-control none ${NCU_FLAGS} --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_pp_$T.csv" \
       "$FRINK" bench -m /tmp/m.gguf --device cuda -p 512 -n 0 -r 1 >/dev/null 2>&1
-    python3 tools/ncu_summary.py "$OUT/ncu_pp_$T.csv" | head -20
+    python3 tools/ncu_summary.py "$OUT/ncu_pp_$T.csv" | head -30
   fi
   rm -f /tmp/m.gguf
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sums an `ncu --csv --metrics gpu__time_duration.sum` log per kernel name (device machine).
 
-Usage: ncu_summary.py NCU.csv   -> a table of total / count / mean microseconds per kernel,
+Usage: ncu_summary.py NCU.csv [--grid]   -> a table of total / count / mean microseconds per kernel,
 largest first, and the grand total. Used to see where a decode token's time goes."""
 import csv, sys, collections
 
@@ -18,7 +18,10 @@ for r in csv.DictReader(lines):
     rows.append((name, r.get("Grid Size", ""), us))
 tot = collections.defaultdict(float)
 cnt = collections.Counter()
+by_grid = "--grid" in sys.argv  # one row per kernel and grid: tells wq from w_down
 for name, grid, us in rows:
+    if by_grid:
+        name = f"{name[:52]} {grid}"
     tot[name] += us
     cnt[name] += 1
 all_us = sum(tot.values())

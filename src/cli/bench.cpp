@@ -1,5 +1,5 @@
 // frink bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [-r 5] [-t THREADS]
-//             [--device cpu|cuda|auto] [--peak-gbps GB/s] [-o md|json]: llama-bench's pp/tg
+//             [--device cpu|cuda|auto] [--peak-gbps GB/s] [-o md|json] [-v]: llama-bench's pp/tg
 // table (src/engine/bench.h) with effective bandwidth and its fraction of the peak.
 // Lists take commas (-p 128,512). --device cuda runs layers on the GPU (refusals per row on
 // stderr); auto: CUDA when a GPU is present.
@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/bench.h"
 #include "model/model.h"
 
@@ -25,6 +26,7 @@ Runner add_bench(CLI::App& app) {
     BenchParams p;
     std::string device = "auto";
     std::string output = "md";
+    bool verbose = false;
   };
   auto opt = std::make_shared<Options>();
   cmd->add_option("-m,--model", opt->model, "model file")->required();
@@ -38,7 +40,9 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--peak-gbps", opt->p.peak_gbps,
                   "memory bandwidth limit in GB/s for the % peak column (default: the device's theoretical peak)");
   cmd->add_option("-o,--output", opt->output, "md or json")->check(CLI::IsMember({"md", "json"}));
+  cmd->add_flag("-v,--verbose", opt->verbose, "log more to stderr (with --device cuda: where each prompt batch's time goes)");
   return [opt]() {
+    if (opt->verbose) set_log_level(LogLevel::kDebug);
     opt->p.device = device_choice(opt->device);
     const auto model = load_model(opt->model);
     const BenchModelInfo info = bench_model_info(*model, opt->p.n_threads);

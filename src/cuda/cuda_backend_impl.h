@@ -4,6 +4,7 @@
 // DeviceBackend through make_cuda_backend (cuda_backend.h) only.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -28,20 +29,32 @@
 namespace frink::cuda::detail {
 
 // A device buffer that only grows (sized for the largest batch seen).
-struct DevBuf {
+// A growable buffer, on the device (DevBuf) or pinned on the host (PinnedBuf: the landing
+// place of device-to-host copies, which with pageable memory would block the host until the
+// stream drains, and are staged by the driver besides).
+template <cudaError_t (*Alloc)(void**, size_t), cudaError_t (*Free)(void*)>
+struct Buf {
   void* p = nullptr;
   size_t bytes = 0;
-  ~DevBuf() { cudaFree(p); }
+  Buf() = default;
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() { Free(p); }
   void ensure(size_t n) {
     if (n <= bytes) return;
-    FRINK_CUDA_CHECK(cudaFree(p));
+    FRINK_CUDA_CHECK(Free(p));
     p = nullptr;
     bytes = 0;  // if the allocation below fails, the buffer says it holds nothing
-    FRINK_CUDA_CHECK(cudaMalloc(&p, n));
+    FRINK_CUDA_CHECK(Alloc(&p, n));
     bytes = n;
   }
   float* f() const { return static_cast<float*>(p); }
+  size_t floats() const { return bytes / sizeof(float); }
 };
+inline cudaError_t pinned_alloc(void** p, size_t n) { return cudaMallocHost(p, n); }
+inline cudaError_t device_alloc(void** p, size_t n) { return cudaMalloc(p, n); }
+using DevBuf = Buf<device_alloc, cudaFree>;
+using PinnedBuf = Buf<pinned_alloc, cudaFreeHost>;
 
 class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
  public:
@@ -157,8 +170,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   std::unordered_map<RecurrentState*, std::unique_ptr<RecurrentMirror>> rec_mirrors_;
   std::vector<PendingRec> pending_rec_;
   std::vector<PendingSnap> pending_snaps_;
-  float* snap_staging_ = nullptr;  // pinned: snapshot states on their way to the host
-  size_t snap_floats_ = 0, snap_used_ = 0;
+  PinnedBuf snap_staging_;  // snapshot states on their way to the host
+  size_t snap_used_ = 0;
 
   int64_t n_tok_ = 0, pos0_ = 0;
   DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
@@ -170,9 +183,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // gates, the delta rule's output.
   DevBuf gdn_qkv_, gdn_conv_, gdn_z_, gdn_ba_, gdn_beta_, gdn_g_, gdn_o_;
   size_t scratch_elems_ = 0;
-  float* staging_ = nullptr;  // pinned: new K/V rows on their way to the host caches
-  DevBuf dstage_;             // the same rows on the device, at the same offsets
-  size_t staging_floats_ = 0, staging_used_ = 0, staging_landed_ = 0;
+  PinnedBuf staging_;  // new K/V rows on their way to the host caches
+  DevBuf dstage_;      // the same rows on the device, at the same offsets
+  size_t staging_used_ = 0, staging_landed_ = 0;
+  PinnedBuf out_host_;  // logits or the residual on their way to the caller's memory
   std::vector<Pending> pending_;
   // Prompt batches copy each layer's new rows back as soon as they are appended, and flush()
   // appends them to the host caches as each copy lands, while the device runs later layers.
@@ -185,6 +199,12 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   std::vector<CopyEvents> copy_events_;
   cudaStream_t copy_stream_ = nullptr;
   void copy_back_early();
+  void copy_out(const float* dev, size_t n);  // into out_host_, on the stream
+  void copy_out_and_flush(const float* dev, size_t n, float* out);
+  // Where a prompt batch's wall time goes on the host (logged by flush at --verbose): enqueue
+  // (begin_batch to flush), waiting for the device or a copy, appending rows to the caches.
+  // Why: ncu showed an 8B BF16 pp512 batch at 18 ms of kernels in a 46 ms batch.
+  std::chrono::steady_clock::time_point batch_begin_{};
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   int32_t* pos_host_ = nullptr;  // pinned source of that copy
   // run_token's pick: parameters (device, and the pinned copy sent each step), the chosen id

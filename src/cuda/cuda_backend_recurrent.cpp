@@ -142,14 +142,14 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
 void CudaBackend::stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos) {
   const RecurrentState::LayerShape shape = s.shape(il);
   const size_t conv_n = static_cast<size_t>(shape.conv), ssm_n = static_cast<size_t>(shape.ssm);
-  FRINK_ASSERT(snap_used_ + conv_n + ssm_n <= snap_floats_, "snapshot staging too small");
+  FRINK_ASSERT(snap_used_ + conv_n + ssm_n <= snap_staging_.floats(), "snapshot staging too small");
   const PendingSnap ps{&s, pos, il, snap_used_, snap_used_ + conv_n};
   // Stream-ordered: the copies read the state as it stands after this segment's kernels.
   if (conv_n > 0)
-    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_ + ps.conv_off, rm.conv(il), conv_n * sizeof(float),
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_.f() + ps.conv_off, rm.conv(il), conv_n * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
   if (ssm_n > 0)
-    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_ + ps.ssm_off, rm.ssm(il), ssm_n * sizeof(float),
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_.f() + ps.ssm_off, rm.ssm(il), ssm_n * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
   snap_used_ += conv_n + ssm_n;
   pending_snaps_.push_back(ps);
