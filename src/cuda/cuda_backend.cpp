@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <bit>
 #include <cmath>
 #include <span>
@@ -383,32 +384,39 @@ void CudaBackend::flush() {
     FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_.f() + staging_landed_, dstage_.f() + staging_landed_,
                                      (staging_used_ - staging_landed_) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   staging_landed_ = staging_used_;
-  // Layers copied early land in order and are appended while later layers still run; the rest
-  // after the stream is done. A device error part way leaves no layer appended: the ones
-  // already appended are truncated back, so the host caches stay one consistent length.
+  // Layers copied early are appended as each lands, while later layers still run; the rest
+  // after the stream is done. A prompt batch's layers are appended by several threads, one
+  // layer each at a time: an 8B BF16 pp512 batch's 134 MB of rows took 28 ms on one thread
+  // (H200 host) against 18 ms of kernels. A device error part way leaves no layer appended:
+  // the ones already appended are truncated back, so the host caches stay one consistent length.
   using Clock = std::chrono::steady_clock;
   const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   const Clock::time_point t_flush = Clock::now();
-  Clock::duration waited{}, appended{};
+  const auto land = [&](const Pending& pd) {
+    if (pd.event >= 0) FRINK_CUDA_CHECK(cudaEventSynchronize(copy_events_[static_cast<size_t>(pd.event)].landed));
+    else FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
+    for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_.f() + pd.k_off + t * kw, staging_.f() + pd.v_off + t * vw);
+  };
   try {
-    bool synced = false;
-    for (const Pending& pd : pending_) {
-      const Clock::time_point t0 = Clock::now();
-      if (pd.event >= 0) {
-        FRINK_CUDA_CHECK(cudaEventSynchronize(copy_events_[static_cast<size_t>(pd.event)].landed));
-      } else if (!synced) {
-        FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        synced = true;
-      }
-      const Clock::time_point t1 = Clock::now();
-      const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
-      for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_.f() + pd.k_off + t * kw, staging_.f() + pd.v_off + t * vw);
-      waited += t1 - t0;
-      appended += Clock::now() - t1;
+    if (n_tok_ >= kEarlyCopyMinTok && pending_.size() > 1) {
+      std::vector<std::exception_ptr> errors(pending_.size());
+      append_pool_.parallel_for(static_cast<int64_t>(pending_.size()), [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) {
+          try {
+            land(pending_[static_cast<size_t>(i)]);
+          } catch (...) {
+            errors[static_cast<size_t>(i)] = std::current_exception();
+            return;  // the layers after it in this chunk stay unappended; the catch below truncates all
+          }
+        }
+      });
+      for (const std::exception_ptr& e : errors)
+        if (e) std::rethrow_exception(e);
+    } else {
+      for (const Pending& pd : pending_) land(pd);
     }
-    const Clock::time_point t0 = Clock::now();
     FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    waited += Clock::now() - t0;
   } catch (...) {
     cudaStreamSynchronize(stream_);  // no copy may still write staging_ (a host-side throw leaves work queued)
     cudaStreamSynchronize(copy_stream_);
@@ -419,8 +427,8 @@ void CudaBackend::flush() {
     throw;
   }
   if (n_tok_ > 1 && !pending_.empty())
-    FRINK_LOG_DEBUG("device batch of {} tokens: enqueue {:.2f} ms, wait {:.2f} ms, append {:.2f} ms, total {:.2f} ms",
-                    n_tok_, ms(t_flush - batch_begin_), ms(waited), ms(appended), ms(Clock::now() - batch_begin_));
+    FRINK_LOG_DEBUG("device batch of {} tokens: enqueue {:.2f} ms, then waiting and appending K/V rows {:.2f} ms", n_tok_,
+                    ms(t_flush - batch_begin_), ms(Clock::now() - t_flush));
   for (const Pending& pd : pending_) pd.mirror->caught_up(*pd.cache);
   pending_.clear();
   // In enqueue order, so snapshots are kept (and the oldest evicted) as the host body would.

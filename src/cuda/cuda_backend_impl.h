@@ -4,17 +4,20 @@
 // DeviceBackend through make_cuda_backend (cuda_backend.h) only.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "cpu/thread_pool.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_probe.h"
 #include "cuda/device_weights.h"
@@ -205,6 +208,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // (begin_batch to flush), waiting for the device or a copy, appending rows to the caches.
   // Why: ncu showed an 8B BF16 pp512 batch at 18 ms of kernels in a 46 ms batch.
   std::chrono::steady_clock::time_point batch_begin_{};
+  // Appends a prompt batch's layers to their host caches in parallel (flush): a few threads,
+  // asleep between batches.
+  ThreadPool append_pool_{static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u))};
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   int32_t* pos_host_ = nullptr;  // pinned source of that copy
   // run_token's pick: parameters (device, and the pinned copy sent each step), the chosen id
