@@ -672,11 +672,18 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     r.x2 = k_.f();
     r.row_stride2 = k_w;
     r.n_head2 = p.n_head_kv;
+    // The new rows: into the mirror at pos0, and back to the host cache (landed by flush()).
+    r.v = v_.f();
+    r.v_width = v_w;
+    r.mirror_k = mirror.k_rows(0);
+    r.mirror_v = mirror.v_rows(0);
+    r.stage_k = dstage_.f() + pd.k_off;
+    r.stage_v = dstage_.f() + pd.v_off;
     launch_rope(r);
+  } else {
+    launch_kv_append(k_.f(), v_.f(), k_w, v_w, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), dstage_.f() + pd.k_off,
+                     dstage_.f() + pd.v_off, stream_);
   }
-  // The new rows: into the mirror at pos0, and back to the host cache (landed by flush()).
-  launch_kv_append(k_.f(), v_.f(), k_w, v_w, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), dstage_.f() + pd.k_off,
-                   dstage_.f() + pd.v_off, stream_);
 
   // attn_output = softmax(q k^T * scale + mask) v, against the mirror rows [0, pos0 + t]
   AttnParams a;

@@ -17,10 +17,31 @@ __device__ float yarn_ramp(float low, float high, int i0) {
   return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
 }
 
+// The append's share of the index space (after the pairs): K elements the rotation does not
+// write (dims n_rot.. of each head), then V, row by row.
+__device__ void append_unrotated(const RopeLaunch& p, int64_t j) {
+  const int64_t k_w = p.n_head2 * p.head_dim, w = k_w + p.v_width, row0 = *p.pos;
+  const int64_t t = j / w, c = j % w;
+  if (t >= p.n_tok) return;
+  if (c < k_w) {
+    if (c % p.head_dim < p.n_rot) return;  // its pair's thread writes it, rotated
+    const float x = p.x2[t * p.row_stride2 + c];
+    p.mirror_k[(row0 + t) * k_w + c] = x;
+    p.stage_k[t * k_w + c] = x;
+  } else {
+    const float x = p.v[t * p.v_width + (c - k_w)];
+    p.mirror_v[(row0 + t) * p.v_width + (c - k_w)] = x;
+    p.stage_v[t * p.v_width + (c - k_w)] = x;
+  }
+}
+
 __global__ void rope_kernel(RopeLaunch p, float theta_scale, float corr0, float corr1) {
   const int64_t n_pairs = p.n_rot / 2, heads = p.n_head + p.n_head2;
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i >= p.n_tok * heads * n_pairs) return;
+  if (i >= p.n_tok * heads * n_pairs) {
+    if (p.mirror_k) append_unrotated(p, i - p.n_tok * heads * n_pairs);
+    return;
+  }
   const int64_t pair = i % n_pairs, hh = (i / n_pairs) % heads, t = i / (n_pairs * heads);
   const bool second = hh >= p.n_head;  // heads of x2 follow those of x
   const int64_t h = second ? hh - p.n_head : hh;
@@ -40,8 +61,16 @@ __global__ void rope_kernel(RopeLaunch p, float theta_scale, float corr0, float 
   float* v = second ? p.x2 + t * p.row_stride2 + h * p.head_dim : p.x + t * p.row_stride + h * p.head_dim;
   const int64_t a = p.neox ? pair : i0, b = p.neox ? pair + p.n_rot / 2 : i0 + 1;
   const float x0 = v[a], x1 = v[b];
-  v[a] = x0 * c - x1 * s;
-  v[b] = x0 * s + x1 * c;
+  const float ya = x0 * c - x1 * s, yb = x0 * s + x1 * c;
+  v[a] = ya;
+  v[b] = yb;
+  if (second && p.mirror_k) {
+    const int64_t k_w = p.n_head2 * p.head_dim, col = h * p.head_dim, row = (*p.pos + t) * k_w;
+    p.mirror_k[row + col + a] = ya;
+    p.mirror_k[row + col + b] = yb;
+    p.stage_k[t * k_w + col + a] = ya;
+    p.stage_k[t * k_w + col + b] = yb;
+  }
 }
 
 float corr_dim(int64_t n_dims, int64_t n_ctx_orig, float n_rot, float base) {
@@ -51,7 +80,8 @@ float corr_dim(int64_t n_dims, int64_t n_ctx_orig, float n_rot, float base) {
 }  // namespace
 
 void launch_rope(const RopeLaunch& p) {
-  const int64_t n = p.n_tok * (p.n_head + p.n_head2) * (p.n_rot / 2);
+  const int64_t n = p.n_tok * (p.n_head + p.n_head2) * (p.n_rot / 2) +
+                    (p.mirror_k ? p.n_tok * (p.n_head2 * p.head_dim + p.v_width) : 0);
   if (n == 0) return;
   float corr0 = 0, corr1 = 0;
   if (p.ext_factor != 0.0f) {

@@ -23,6 +23,17 @@ struct RopeLaunch {
   int64_t n_ctx_orig = 0;
   bool yarn_truncate = true;  // YaRN ramp ends floored/ceiled (ggml); false keeps them fractional
   const float* freq_factors = nullptr;  // [n_rot/2] divisors, or null
+  // Optional (mirror_k set): the layer's new K/V rows appended in the same launch, as
+  // launch_kv_append would after it (one kernel fewer per layer; at decode each of these
+  // small kernels costs 2-4 us of a ~90 us layer). x2 is then K: n_head2 heads of head_dim
+  // per row, stored as rows of n_head2 * head_dim. Row t of K (rotated) and of v lands at
+  // mirror row *pos + t and at staging row t.
+  const float* v = nullptr;
+  int64_t v_width = 0;
+  float* mirror_k = nullptr;
+  float* mirror_v = nullptr;
+  float* stage_k = nullptr;
+  float* stage_v = nullptr;
   cudaStream_t stream = nullptr;
 };
 

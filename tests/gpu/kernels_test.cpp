@@ -749,6 +749,58 @@ TEST(CudaKernels, KvAppendWritesRowsAtDevicePosition) {
   EXPECT_EQ(mv, ev);
 }
 
+// RoPE with the K/V append fused in (RopeLaunch::mirror_k) writes what RoPE and then
+// launch_kv_append write, bit for bit: rotated Q and K, the K rows (rotated dims from the
+// pair threads, the unrotated tail of a partial rotary from the append threads) and the V
+// rows at mirror row pos + t and in the staging rows, no other mirror row touched.
+TEST(CudaKernels, RopeWithKvAppendEqualsSeparate) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  struct C {
+    bool neox;
+    int64_t head_dim, n_rot, v_dim;
+  };
+  for (const C& c : {C{false, 64, 64, 64}, C{true, 128, 128, 128}, C{true, 80, 40, 64}, C{false, 64, 32, 48}}) {
+    const int64_t n_head = 4, n_head_kv = 2, n_tok = 3, pos = 21, cap = 32;
+    const int64_t q_w = n_head * c.head_dim, k_w = n_head_kv * c.head_dim, v_w = n_head_kv * c.v_dim;
+    const auto q = random_floats(rng, n_tok * q_w), k = random_floats(rng, n_tok * k_w), v = random_floats(rng, n_tok * v_w);
+    const auto mk0 = random_floats(rng, cap * k_w), mv0 = random_floats(rng, cap * v_w);
+    Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(pos)});
+    const auto run = [&](bool fused) {
+      Dev<float> dq(q), dk(k), dv(v), dmk(mk0), dmv(mv0);
+      Dev<float> dsk(static_cast<size_t>(n_tok * k_w)), dsv(static_cast<size_t>(n_tok * v_w));
+      cuda::RopeLaunch r;
+      r.x = dq.p;
+      r.row_stride = q_w;
+      r.n_tok = n_tok;
+      r.n_head = n_head;
+      r.head_dim = c.head_dim;
+      r.x2 = dk.p;
+      r.row_stride2 = k_w;
+      r.n_head2 = n_head_kv;
+      r.pos = dpos.p;
+      r.n_rot = c.n_rot;
+      r.neox = c.neox;
+      r.freq_base = 10000.0f;
+      if (fused) {
+        r.v = dv.p;
+        r.v_width = v_w;
+        r.mirror_k = dmk.p;
+        r.mirror_v = dmv.p;
+        r.stage_k = dsk.p;
+        r.stage_v = dsv.p;
+      }
+      cuda::launch_rope(r);
+      if (!fused) cuda::launch_kv_append(dk.p, dv.p, k_w, v_w, n_tok, dpos.p, dmk.p, dmv.p, dsk.p, dsv.p, nullptr);
+      return std::vector<std::vector<float>>{dq.get(), dk.get(), dmk.get(), dmv.get(), dsk.get(), dsv.get()};
+    };
+    const auto sep = run(false), fus = run(true);
+    const char* names[] = {"q", "k", "mirror k", "mirror v", "staged k", "staged v"};
+    for (size_t i = 0; i < sep.size(); ++i)
+      EXPECT_EQ(fus[i], sep[i]) << names[i] << ": neox " << c.neox << " head_dim " << c.head_dim << " n_rot " << c.n_rot;
+  }
+}
+
 }  // namespace
 }  // namespace frink::test
 
