@@ -11,7 +11,6 @@ namespace frink::cuda {
 
 namespace {
 
-constexpr int kPer = kMoeMaxExperts / 32;  // experts per lane
 constexpr int kMaxUsed = 32;               // experts chosen per token, at most
 constexpr float kMinWeightSum = 6.103515625e-5f;  // llama.cpp's clamp of the weight sum (f16 min normal)
 
@@ -25,6 +24,9 @@ __device__ __forceinline__ void better(float& s, int& e, float& pr, float s2, in
   }
 }
 
+// kPer experts per lane: the launch picks the fewest that hold n_expert (a 128-expert router
+// walked 16 slots per lane, 12 of them empty, in every loop of the top-k).
+template <int kPer>
 __global__ void route_kernel(RouteParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t t = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
@@ -140,7 +142,11 @@ void launch_route(const RouteParams& p) {
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   const int64_t threads = p.n_tok * 32;
-  route_kernel<<<static_cast<unsigned>((threads + 127) / 128), 128, 0, p.stream>>>(p);
+  const auto grid = static_cast<unsigned>((threads + 127) / 128);
+  static_assert(kMoeMaxExperts == 16 * 32, "route_kernel<16> holds the most experts");
+  if (p.n_expert <= 4 * 32) route_kernel<4><<<grid, 128, 0, p.stream>>>(p);
+  else if (p.n_expert <= 8 * 32) route_kernel<8><<<grid, 128, 0, p.stream>>>(p);
+  else route_kernel<16><<<grid, 128, 0, p.stream>>>(p);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
