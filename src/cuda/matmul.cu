@@ -178,8 +178,13 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     int run = 1;
     // (Each product's own preparation: a matvec_only product streams, the cuBLAS ones after
     // it do not, though their types match.)
-    if (streams(p, kind) && !p.slot_expert)
-      while (run < kMaxSegs && i + run < n && ps[i + run].type == p.type && !ps[i + run].slot_expert &&
+    // Expert products group when they follow the same routing (a MoE layer's gate and up:
+    // one launch instead of two, 7 us each for qwen3-30b-a3b decode).
+    const auto same_slots = [&](const MatmulParams& q) {
+      return q.slot_expert == p.slot_expert && (!p.slot_expert || (q.n_slots == p.n_slots && q.x_div == p.x_div));
+    };
+    if (streams(p, kind))
+      while (run < kMaxSegs && i + run < n && ps[i + run].type == p.type && same_slots(ps[i + run]) &&
              act_prep_for(ps[i + run]) == kind && streams(ps[i + run], kind) &&
              takes_matvec(ps[i + run]) == takes_matvec(p))
         ++run;

@@ -325,8 +325,12 @@ template <int T, int NT>
 __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, StagedAct x) {
   constexpr int kChunk = Staged<T>::kChunk;
   __shared__ __align__(16) uint8_t sm[kSWarps][kStages][kSRows][kChunk];
-  Args first = sg.a[0];  // expert mode (one product): select_slot points it at the slot's expert
+  // Expert mode: select_slot points each product at the slot's expert (all the launch's
+  // products follow one routing: launch_matmuls groups them so); `first` once here, the
+  // others where their rows are copied (w + e * expert_bytes) and stored.
+  Args first = sg.a[0];
   if (first.slot_expert) grid_dependency_wait();  // the slots' experts come from the routing kernel
+  const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
   {
     const int64_t xr = select_slot(first);
     if constexpr (Staged<T>::kPlain) x.x += xr * first.x_stride;
@@ -361,7 +365,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
     const int64_t c = it % n_chunks;
     int64_t row0;
     const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
-    const uint8_t* w = seg == 0 ? first.w : sg.a[seg].w;
+    const uint8_t* w = seg == 0 ? first.w : sg.a[seg].w + slot_e * sg.a[seg].expert_bytes;
     const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
     const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
     const int bytes = chunk_blocks(c) * Staged<T>::kBlockBytes;
@@ -403,7 +407,9 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
         if (seg == 0) {
           if (row0 + r < first.n_out) store_row<NT>(first, row0 + r, acc[r]);
         } else if (row0 + r < sg.a[seg].n_out) {
-          store_row<NT>(sg.a[seg], row0 + r, acc[r]);
+          Args a = sg.a[seg];
+          select_slot(a);
+          store_row<NT>(a, row0 + r, acc[r]);
         }
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
@@ -466,7 +472,8 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
 }
 
 // Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
-// on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: n == 1.
+// on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
+// one routing (same slots and x_div).
 template <int T>
 void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   const MatmulParams& p = ps[0];
@@ -507,7 +514,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     launch_rows(p, sg.a[0], grid_x,
                 [&](const Args& a, dim3 g, int64_t t0, bool four) {
                   Segs s = sg;
-                  s.a[0] = a;
+                  for (int i = 0; i < n; ++i) s.a[i].slot0 = a.slot0;
                   launch(s, g, t0, four);
                 });
     return;

@@ -615,6 +615,49 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
   }
 }
 
+// A MoE layer's gate and up expert products in one launch (launch_matmuls groups products of
+// one routing) equal the same products launched alone, bit for bit: each product's rows come
+// from the slot's expert of its own stack, with its own bias and scale, into its own output.
+TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(47);
+  const int64_t n_expert = 5, n_in = 512, n_tok = 3, k = 2, n_slots = n_tok * k;
+  const std::vector<int32_t> ids = {4, 0, 2, 4, 1, 3};
+  Dev<int32_t> dids(ids);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16}) {
+    const auto x = random_floats(rng, n_tok * n_in);
+    Dev<float> dx(x), dact(x.size());
+    std::vector<std::unique_ptr<Dev<uint8_t>>> ws;
+    std::vector<std::unique_ptr<Dev<float>>> bs, scs, ys_group, ys_alone;
+    std::vector<cuda::MatmulParams> ps;
+    for (int i = 0; i < 2; ++i) {
+      const int64_t n_out = 37 + 6 * i;  // odd and different: the second product's rows start mid-block
+      ws.push_back(std::make_unique<Dev<uint8_t>>(random_weights(rng, t, n_in, n_out * n_expert).bytes));
+      bs.push_back(std::make_unique<Dev<float>>(random_floats(rng, n_expert * n_out)));
+      scs.push_back(std::make_unique<Dev<float>>(random_floats(rng, n_expert)));
+      ys_group.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_slots * n_out)));
+      ys_alone.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_slots * n_out)));
+      cuda::MatmulParams p = mat_params(t, ws.back()->p, n_in, n_out, dx.p, n_tok, ys_group.back()->p);
+      p.bias = bs.back()->p;
+      p.act_round = dact.p;
+      p.slot_expert = dids.p;
+      p.n_slots = n_slots;
+      p.x_div = k;
+      p.expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
+      p.expert_scale = scs.back()->p;
+      ps.push_back(p);
+    }
+    cuda::launch_matmuls(ps.data(), 2);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      cuda::MatmulParams p = ps[i];
+      p.y = ys_alone[i]->p;
+      cuda::launch_matmul(p);
+    }
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_EQ(ys_group[i]->get(), ys_alone[i]->get()) << ggml_type_name(t) << " product " << i;
+  }
+}
+
 // The weighted sum of the chosen experts' outputs (+ the gated shared expert, + residual in
 // place) in the host's order of operations.
 TEST(CudaKernels, MoeCombineMatchesHostOrder) {
