@@ -56,6 +56,9 @@ struct MatmulParams {
   // products whose ranking matters, as an MoE router's top-k (cuBLAS rounds both operands to
   // f16, which can reorder near-tied experts).
   bool matvec_only = false;
+  // Stream kernel (launch_matmuls: the first product's): warps per row pair, 1, 2 or 4; 0 lets
+  // the launch choose (matvec.cu, matvec_ksplit). Tests force it.
+  int ksplit = 0;
   // launch_matmuls only, first product: x is first computed as this norm's output (pre_norm->y
   // == x, its rows and width x's), in the same launch as x's preparation for the dp4a kernels
   // when that is what the products need (one kernel fewer per norm and product group).

@@ -19,6 +19,8 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <cstdlib>
+
 #include <cuda_pipeline.h>
 
 #include "cuda/cuda_check.h"
@@ -321,9 +323,16 @@ struct Segs {
   int n;
 };
 
-template <int T, int NT>
+// KS warps of a block share a row pair (KS = 1, 2 or 4), each walking every KS-th chunk of
+// its rows, and their partial sums meet in shared memory. Why: ncu showed the 8B Q4_0 down
+// product (7 chunks a row) at 16 us even with its 33 MB in L2, at 24% occupancy: 2048 warps,
+// one per row pair, each walking its chunks one after another. KS > 1 runs one row pair per
+// warp group (the launch sizes the grid so), as the block meets one barrier at the end.
+template <int T, int NT, int KS>
 __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, StagedAct x) {
+  static_assert(KS == 1 || KS == 2 || KS == 4, "warps per row pair");
   constexpr int kChunk = Staged<T>::kChunk;
+  constexpr int kPairs = kSWarps / KS;  // row pairs per block
   __shared__ __align__(16) uint8_t sm[kSWarps][kStages][kSRows][kChunk];
   // Expert mode: select_slot points each product at the slot's expert (all the launch's
   // products follow one routing: launch_matmuls groups them so); `first` once here, the
@@ -340,13 +349,23 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
       x.d8 += xr * (first.n_in / 32);
     }
   }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t n_warps = int64_t{gridDim.x} * kSWarps, wg = int64_t{blockIdx.x} * kSWarps + warp;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % KS;
+  const int64_t n_warps = int64_t{gridDim.x} * kPairs, wg = int64_t{blockIdx.x} * kPairs + warp / KS;
   const int64_t n_groups = sg.g_end[sg.n - 1];
-  if (wg >= n_groups) return;  // warp-uniform; no block-wide barrier below
+  if constexpr (KS == 1)
+    if (wg >= n_groups) return;  // warp-uniform; no block-wide barrier below when KS == 1
   const int64_t n_blocks = first.n_in / Staged<T>::kBlockElems;
   const int64_t n_chunks = (n_blocks + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
-  const int64_t n_items = ((n_groups - 1 - wg) / n_warps + 1) * n_chunks;
+  // This warp's chunks of a row pair: part, part + KS, ... (KS == 1 spelled apart: the same
+  // code as before KS, which ptxas fits in 48 registers without spilling).
+  int64_t n_mine, n_items;
+  if constexpr (KS == 1) {
+    n_mine = n_chunks;
+    n_items = ((n_groups - 1 - wg) / n_warps + 1) * n_chunks;
+  } else {
+    n_mine = n_chunks > part ? (n_chunks - 1 - part) / KS + 1 : 0;
+    n_items = wg < n_groups ? n_mine : 0;  // one row pair per warp group (the launch's grid)
+  }
   // Row pair g: its product's index and first row. (Returning a reference to `first` or to
   // sg.a would put `first` in local memory, read in the inner loop: products go by index.)
   auto locate = [&](int64_t g, int64_t& row0) {
@@ -355,6 +374,10 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
     row0 = (g - (seg > 0 ? sg.g_end[seg - 1] : 0)) * kSRows;
     return seg;
   };
+  auto chunk_of = [&](int64_t it) {
+    if constexpr (KS == 1) return it % n_chunks;
+    else return part + KS * it;  // one row pair: item it is the warp's it-th chunk
+  };
   auto chunk_blocks = [&](int64_t c) {
     return static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - c * Staged<T>::kBlocks));
   };
@@ -362,9 +385,9 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
   // product's odd last row pair copies its last row twice (computed, never stored).
   auto issue = [&](int64_t it) {
     if (it >= n_items) return;
-    const int64_t c = it % n_chunks;
+    const int64_t c = chunk_of(it);
     int64_t row0;
-    const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
+    const int seg = locate(KS == 1 ? wg + (it / n_chunks) * n_warps : wg, row0);
     const uint8_t* w = seg == 0 ? first.w : sg.a[seg].w + slot_e * sg.a[seg].expert_bytes;
     const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
     const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
@@ -375,6 +398,16 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
           w + min(row0 + r, n_out - 1) * row_bytes + c * Staged<T>::kBlocks * Staged<T>::kBlockBytes;
       uint8_t* dst = sm[warp][it % kStages][r];
       for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
+    }
+  };
+  // Output row row0 + r of the pair's product (bounds checked), with the slot's expert applied.
+  auto store = [&](int seg, int64_t row0, int r, const float (&v)[NT]) {
+    if (seg == 0) {
+      if (row0 + r < first.n_out) store_row<NT>(first, row0 + r, v);
+    } else if (row0 + r < sg.a[seg].n_out) {
+      Args a = sg.a[seg];
+      select_slot(a);
+      store_row<NT>(a, row0 + r, v);
     }
   };
   float acc[kSRows][NT];
@@ -395,24 +428,49 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
     __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
     __pipeline_wait_prior(kStages - 1);  // item it has landed (this lane's copies)
     __syncwarp();                        // ... and every lane's
-    const int64_t c = it % n_chunks;
+    const int64_t c = chunk_of(it);
     blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % kStages][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
                               acc);
     __syncwarp();  // stage it % kStages is read by all lanes before item it + kStages overwrites it
-    if (c == n_chunks - 1) {
+    if constexpr (KS == 1) {
+      if (c == n_chunks - 1) {
+        int64_t row0;
+        const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
+#pragma unroll
+        for (int r = 0; r < kSRows; ++r) {
+          store(seg, row0, r, acc[r]);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+        }
+      }
+    }
+  }
+  if constexpr (KS > 1) {
+    // Each warp's partial sums (lane-reduced), then the pair's first warp adds its group's in
+    // part order (a fixed order: the result does not depend on timing) and stores.
+    __shared__ float red[kSWarps][kSRows][NT];
+#pragma unroll
+    for (int r = 0; r < kSRows; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float v = warp_sum(acc[r][t]);
+        if (lane == 0) red[warp][r][t] = v;
+      }
+    __syncthreads();
+    if (part == 0 && wg < n_groups) {
       int64_t row0;
-      const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
+      const int seg = locate(wg, row0);
 #pragma unroll
       for (int r = 0; r < kSRows; ++r) {
-        if (seg == 0) {
-          if (row0 + r < first.n_out) store_row<NT>(first, row0 + r, acc[r]);
-        } else if (row0 + r < sg.a[seg].n_out) {
-          Args a = sg.a[seg];
-          select_slot(a);
-          store_row<NT>(a, row0 + r, acc[r]);
-        }
+        float v[NT];
 #pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+        for (int t = 0; t < NT; ++t) {
+          v[t] = red[warp][r][t];
+#pragma unroll
+          for (int j = 1; j < KS; ++j) v[t] += red[warp + j][r][t];
+          v[t] = lane == 0 ? v[t] : 0.0f;  // store_row sums over the lanes: lane 0 carries the value
+        }
+        store(seg, row0, r, v);
       }
     }
   }
@@ -471,6 +529,17 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
   });
 }
 
+// Warps per row pair for rows of n_chunks chunks: 1 unless FRINK_CUDA_KSPLIT=1 (written
+// without device time: off until a device call measures it), then 2 from 3 chunks, 4 from 6.
+static int matvec_ksplit(int64_t n_chunks) {
+  static const bool on = [] {
+    const char* v = std::getenv("FRINK_CUDA_KSPLIT");
+    return v && v[0] == '1';
+  }();
+  if (!on) return 1;
+  return n_chunks >= 6 ? 4 : n_chunks >= 3 ? 2 : 1;
+}
+
 // Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
 // on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
 // one routing (same slots and x_div).
@@ -500,15 +569,27 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     groups += (ps[i].n_out + kSRows - 1) / kSRows;
     sg.g_end[i] = groups;
   }
-  // Grid: one warp per row pair. (v4 filled the GPU once with the resident warps, each
-  // walking several row pairs with 3 stages: slower on every product but the grouped q/k/v;
-  // each warp's arithmetic, not the number of loads in flight, was then the limit.)
-  const auto grid_x = static_cast<unsigned>((groups + kSWarps - 1) / kSWarps);
+  // Grid: KS warps per row pair (matvec_ksplit). (v4 filled the GPU once with the resident
+  // warps, each walking several row pairs with 3 stages: slower on every product but the
+  // grouped q/k/v; each warp's arithmetic, not the number of loads in flight, was then the limit.)
+  const int64_t n_chunks = (p.n_in / Staged<T>::kBlockElems + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
+  const int ks = p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
+  FRINK_CUDA_CHECK(ks == 1 || ks == 2 || ks == 4 ? cudaSuccess : cudaErrorInvalidValue);
+  const auto grid_x = static_cast<unsigned>((groups * ks + kSWarps - 1) / kSWarps);
   auto launch = [&](const Segs& s, dim3 g, int64_t t0, bool four) {
     StagedAct x = act_at<T>(x0, t0, p.n_in);
     if constexpr (Staged<T>::kPlain) x.x = s.a[0].x;
-    if (four) launch_dependent(matvec_stream_kernel<T, 4>, g, dim3(kSWarps * 32), p.stream, s, x);
-    else launch_dependent(matvec_stream_kernel<T, 1>, g, dim3(kSWarps * 32), p.stream, s, x);
+    const dim3 b(kSWarps * 32);
+    if (ks == 1) {
+      if (four) launch_dependent(matvec_stream_kernel<T, 4, 1>, g, b, p.stream, s, x);
+      else launch_dependent(matvec_stream_kernel<T, 1, 1>, g, b, p.stream, s, x);
+    } else if (ks == 2) {
+      if (four) launch_dependent(matvec_stream_kernel<T, 4, 2>, g, b, p.stream, s, x);
+      else launch_dependent(matvec_stream_kernel<T, 1, 2>, g, b, p.stream, s, x);
+    } else {
+      if (four) launch_dependent(matvec_stream_kernel<T, 4, 4>, g, b, p.stream, s, x);
+      else launch_dependent(matvec_stream_kernel<T, 1, 4>, g, b, p.stream, s, x);
+    }
   };
   if (p.slot_expert) {
     launch_rows(p, sg.a[0], grid_x,

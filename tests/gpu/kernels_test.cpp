@@ -7,6 +7,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -611,6 +613,78 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
         const std::vector<float> row(y.begin() + s * n_out, y.begin() + (s + 1) * n_out);
         EXPECT_EQ(row, y1) << ggml_type_name(t) << " slot " << s << " x_div " << x_div;
       }
+    }
+  }
+}
+
+// Rows split over 2 or 4 warps (MatmulParams::ksplit) give the one-warp result up to f32
+// summation order, on rows of 4 to 14 chunks (a partial last chunk, counts that KS does not
+// divide), odd row counts, 1, 4 and 6 tokens, the residual in place, two grouped products,
+// and expert slots; grouped equals separate bit for bit at the same split.
+TEST(CudaKernels, SplitRowsMatchWholeRows) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(53);
+  const int64_t n_in = 7168, n_out = 37;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F16}) {
+    for (int64_t n_tok : {1, 4, 6}) {
+      const auto x = random_floats(rng, n_in * n_tok), y0 = random_floats(rng, n_out * n_tok);
+      Dev<float> dx(x), dact(x.size());
+      Dev<uint8_t> w1(random_weights(rng, t, n_in, n_out).bytes), w2(random_weights(rng, t, n_in, n_out + 8).bytes);
+      // ks -> (product 1 with the residual in place, product 2), grouped and separate.
+      const auto run = [&](int ks, bool grouped) {
+        Dev<float> y1(y0), y2(static_cast<size_t>((n_out + 8) * n_tok));
+        cuda::MatmulParams ps[2] = {mat_params(t, w1.p, n_in, n_out, dx.p, n_tok, y1.p),
+                                    mat_params(t, w2.p, n_in, n_out + 8, dx.p, n_tok, y2.p)};
+        ps[0].residual = y1.p;
+        for (cuda::MatmulParams& p : ps) {
+          p.act_round = dact.p;
+          p.ksplit = ks;
+        }
+        if (grouped) {
+          cuda::launch_matmuls(ps, 2);
+        } else {
+          cuda::launch_matmul(ps[0]);
+          cuda::launch_matmul(ps[1]);
+        }
+        return std::make_pair(y1.get(), y2.get());
+      };
+      const auto whole = run(1, false);
+      for (int ks : {2, 4}) {
+        const auto split = run(ks, false), group = run(ks, true);
+        const std::string_view name = ggml_type_name(t);
+        EXPECT_LT(nmse(split.first.data(), whole.first.data(), whole.first.size()), 1e-11)
+            << name << " ks " << ks << " n_tok " << n_tok;
+        EXPECT_LT(nmse(split.second.data(), whole.second.data(), whole.second.size()), 1e-11)
+            << name << " ks " << ks << " n_tok " << n_tok;
+        EXPECT_EQ(group.first, split.first) << name << " grouped, ks " << ks;
+        EXPECT_EQ(group.second, split.second) << name << " grouped, ks " << ks;
+      }
+    }
+  }
+  // Expert slots (grid y) with split rows: each slot's row as with one warp per row pair.
+  const int64_t n_expert = 3, k = 2, n_tok = 2, n_slots = n_tok * k;
+  const std::vector<int32_t> ids = {2, 0, 1, 2};
+  Dev<int32_t> dids(ids);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K}) {
+    const auto x = random_floats(rng, n_in * n_tok);
+    Dev<float> dx(x), dact(x.size());
+    Dev<uint8_t> dw(random_weights(rng, t, n_in, n_out * n_expert).bytes);
+    const auto run = [&](int ks) {
+      Dev<float> dy(static_cast<size_t>(n_slots * n_out));
+      cuda::MatmulParams p = mat_params(t, dw.p, n_in, n_out, dx.p, n_tok, dy.p);
+      p.act_round = dact.p;
+      p.slot_expert = dids.p;
+      p.n_slots = n_slots;
+      p.x_div = k;
+      p.expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
+      p.ksplit = ks;
+      cuda::launch_matmul(p);
+      return dy.get();
+    };
+    const auto whole = run(1);
+    for (int ks : {2, 4}) {
+      const auto split = run(ks);
+      EXPECT_LT(nmse(split.data(), whole.data(), whole.size()), 1e-11) << ggml_type_name(t) << " experts, ks " << ks;
     }
   }
 }
