@@ -115,6 +115,10 @@ template <> struct Staged<kQ4_K> : StagedGeom<kQ4_K, 8> {};   // 1152 bytes
 template <> struct Staged<kQ6_K> : StagedGeom<kQ6_K, 8> {};   // 1680 bytes
 template <> struct Staged<kBF16> : StagedGeom<kBF16, 512> {}; // 1024 bytes
 template <> struct Staged<kF16> : StagedGeom<kF16, 512> {};
+// Q4_0 read a block pair per lane (blocks_dot's kQ4_0Pairs branch): a kernel variant, not a
+// GGUF type, so an id no type has; Q4_0's geometry and activation.
+constexpr int kQ4_0Pairs = 1000 + kQ4_0;
+template <> struct Staged<kQ4_0Pairs> : StagedGeom<kQ4_0, 64> {};
 
 __device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
 
@@ -128,7 +132,83 @@ template <int T, int NT, int R>
 __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, const uint8_t* s, int64_t rs, int64_t b0,
                                            int nb, float (&acc)[R][NT]) {
   const int lane = threadIdx.x % 32;
-  if constexpr (T == kQ4_0 || T == kQ8_0) {
+  if constexpr (T == kQ4_0Pairs && NT > 1) {
+    blocks_dot<kQ4_0, NT, R>(a, x, s, rs, b0, nb, acc);  // pairs for one token only (registers)
+  } else if constexpr (T == kQ4_0Pairs) {
+    // Q4_0, one lane per block pair (36 bytes, 4-byte aligned in the staged chunk, whose
+    // blocks start at an even index): nine 4-byte shared loads and four funnel shifts give
+    // both blocks' scales and quants, where the two-lanes-per-block branch below spends five
+    // 2-byte loads per lane and block (the 18-byte blocks are only 2-byte aligned) and loads
+    // each activation piece per lane pair. Same integers and per-block float arithmetic as
+    // that branch; only the order of the per-block additions differs.
+    const int64_t n_blk = a.n_in / 32;
+    for (int j = lane; 2 * j < nb; j += 32) {
+      const int64_t ib = b0 + 2 * j;
+      const bool two = 2 * j + 1 < nb;  // always, for staged rows (a multiple of 8 blocks); kept exact anyway
+      int4 xq[NT][4];
+      float dxa[NT], dxb[NT];
+      int xsa[NT], xsb[NT];  // 8 x each block's activation sum: the offset of 8, taken off once
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int4* xp = reinterpret_cast<const int4*>(x.q8 + t * a.n_in + ib * 32);
+        xq[t][0] = xp[0];
+        xq[t][1] = xp[1];
+        xq[t][2] = two ? xp[2] : make_int4(0, 0, 0, 0);
+        xq[t][3] = two ? xp[3] : make_int4(0, 0, 0, 0);
+        dxa[t] = x.d8[t * n_blk + ib];
+        dxb[t] = two ? x.d8[t * n_blk + ib + 1] : 0.0f;
+        int sa = 0, sb = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sa = __dp4a(xq[t][h].x, 0x01010101, __dp4a(xq[t][h].y, 0x01010101, sa));
+          sa = __dp4a(xq[t][h].z, 0x01010101, __dp4a(xq[t][h].w, 0x01010101, sa));
+          sb = __dp4a(xq[t][2 + h].x, 0x01010101, __dp4a(xq[t][2 + h].y, 0x01010101, sb));
+          sb = __dp4a(xq[t][2 + h].z, 0x01010101, __dp4a(xq[t][2 + h].w, 0x01010101, sb));
+        }
+        xsa[t] = 8 * sa;
+        xsb[t] = 8 * sb;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        // Words of bytes [36 j, 36 j + 36): block A = d at 0, qs at 2..17; block B = d at 18,
+        // qs at 20..35. A lone last block's B words lie inside the stage (never used).
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(s + r * rs + 36 * j);
+        uint32_t v[9];
+#pragma unroll
+        for (int i = 0; i < 9; ++i) v[i] = w[i];
+        const float da = __half2float(__ushort_as_half(static_cast<unsigned short>(v[0] & 0xFFFFu)));
+        const float db = __half2float(__ushort_as_half(static_cast<unsigned short>(v[4] >> 16)));
+        int qa[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qa[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], 16));
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          // qs word i: low nibbles are elements 4i.. (activation piece 0), high ones 16 + 4i.. (piece 1)
+          const int* x0 = &xq[t][0].x;
+          const int* x1 = &xq[t][1].x;
+          int sum = -xsa[t];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            sum = __dp4a(qa[i] & 0x0F0F0F0F, x0[i], sum);
+            sum = __dp4a((qa[i] >> 4) & 0x0F0F0F0F, x1[i], sum);
+          }
+          acc[r][t] += static_cast<float>(sum) * (da * dxa[t]);
+          if (two) {
+            const int* x2 = &xq[t][2].x;
+            const int* x3 = &xq[t][3].x;
+            int sumb = -xsb[t];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int q = static_cast<int>(v[5 + i]);
+              sumb = __dp4a(q & 0x0F0F0F0F, x2[i], sumb);
+              sumb = __dp4a((q >> 4) & 0x0F0F0F0F, x3[i], sumb);
+            }
+            acc[r][t] += static_cast<float>(sumb) * (db * dxb[t]);
+          }
+        }
+      }
+    }
+  } else if constexpr (T == kQ4_0 || T == kQ8_0) {
     // Lanes per weight block: Q4_0 2 (bytes [8k, 8k + 8) of qs: elements 8k.. and 16 + 8k..),
     // Q8_0 4 (elements [8k, 8k + 8)). Activation pieces are 8-byte aligned: one int2 load each.
     constexpr int kLpb = T == kQ4_0 ? 2 : 4;
@@ -540,6 +620,16 @@ static int matvec_ksplit(int64_t n_chunks) {
   return n_chunks >= 6 ? 4 : n_chunks >= 3 ? 2 : 1;
 }
 
+// Whether Q4_0 products read a block pair per lane (kQ4_0Pairs): FRINK_CUDA_Q4_PAIRS=1, off
+// until a device call measures it (written without device time).
+static bool q4_0_pairs_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("FRINK_CUDA_Q4_PAIRS");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
 // Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
 // on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
 // one routing (same slots and x_div).
@@ -548,8 +638,15 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   const MatmulParams& p = ps[0];
   bool staged = true;
   for (int i = 0; i < n; ++i) staged = staged && staged_ok(ps[i]);
+  if constexpr (T == kQ4_0)
+    if (staged && (p.q4_0_pairs >= 0 ? p.q4_0_pairs == 1 : q4_0_pairs_on())) {
+      matvec_stream_launch<kQ4_0Pairs>(ps, n, x0);
+      return;
+    }
   if (!staged) {
-    if constexpr (!Staged<T>::kPlain) {  // plain types without staging take matvec_kernel (dispatch)
+    // Plain types without staging take matvec_kernel (dispatch); kQ4_0Pairs needs the staged
+    // chunk's 4-byte alignment, and is only chosen with staged rows.
+    if constexpr (!Staged<T>::kPlain && T != kQ4_0Pairs) {
       for (int i = 0; i < n; ++i)
         launch_rows(ps[i], args_of(ps[i]), static_cast<unsigned>((ps[i].n_out + kSWarps - 1) / kSWarps),
                     [&](const Args& a, dim3 g, int64_t t0, bool four) {

@@ -689,6 +689,65 @@ TEST(CudaKernels, SplitRowsMatchWholeRows) {
   }
 }
 
+// Q4_0 read a block pair per lane (MatmulParams::q4_0_pairs) gives the two-lanes-per-block
+// result up to f32 summation order: rows with a short last chunk (72 blocks: 64 + 8) and whole
+// chunks (128; staged rows are 16-byte aligned, so a multiple of 8 blocks), one token and four
+// (which keep two lanes per block), the residual in place, grouped products, split rows and
+// expert slots.
+TEST(CudaKernels, Q4_0BlockPairsMatchTwoLanesPerBlock) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(59);
+  for (int64_t n_in : {32 * 72, 32 * 128}) {
+    for (int64_t n_tok : {1, 4}) {
+      for (int ks : {1, 2}) {
+        const int64_t n_out = 29;
+        const auto x = random_floats(rng, n_in * n_tok), y0 = random_floats(rng, n_out * n_tok);
+        Dev<float> dx(x), dact(x.size());
+        Dev<uint8_t> w1(random_weights(rng, GgmlType::Q4_0, n_in, n_out).bytes),
+            w2(random_weights(rng, GgmlType::Q4_0, n_in, n_out + 4).bytes);
+        const auto run = [&](int pairs) {
+          Dev<float> y1(y0), y2(static_cast<size_t>((n_out + 4) * n_tok));
+          cuda::MatmulParams ps[2] = {mat_params(GgmlType::Q4_0, w1.p, n_in, n_out, dx.p, n_tok, y1.p),
+                                      mat_params(GgmlType::Q4_0, w2.p, n_in, n_out + 4, dx.p, n_tok, y2.p)};
+          ps[0].residual = y1.p;
+          for (cuda::MatmulParams& p : ps) {
+            p.act_round = dact.p;
+            p.ksplit = ks;
+            p.q4_0_pairs = pairs;
+          }
+          cuda::launch_matmuls(ps, 2);
+          return std::make_pair(y1.get(), y2.get());
+        };
+        const auto lanes = run(0), pairs = run(1);
+        EXPECT_LT(nmse(pairs.first.data(), lanes.first.data(), lanes.first.size()), 1e-11)
+            << "n_in " << n_in << " n_tok " << n_tok << " ks " << ks;
+        EXPECT_LT(nmse(pairs.second.data(), lanes.second.data(), lanes.second.size()), 1e-11)
+            << "n_in " << n_in << " n_tok " << n_tok << " ks " << ks;
+      }
+    }
+  }
+  const int64_t n_in = 32 * 72, n_out = 21, n_expert = 3, k = 2, n_tok = 2;
+  const std::vector<int32_t> ids = {1, 2, 0, 1};
+  Dev<int32_t> dids(ids);
+  const auto x = random_floats(rng, n_in * n_tok);
+  Dev<float> dx(x), dact(x.size());
+  Dev<uint8_t> dw(random_weights(rng, GgmlType::Q4_0, n_in, n_out * n_expert).bytes);
+  const auto run = [&](int pairs) {
+    Dev<float> dy(static_cast<size_t>(n_tok * k * n_out));
+    cuda::MatmulParams p = mat_params(GgmlType::Q4_0, dw.p, n_in, n_out, dx.p, n_tok, dy.p);
+    p.act_round = dact.p;
+    p.slot_expert = dids.p;
+    p.n_slots = n_tok * k;
+    p.x_div = k;
+    p.expert_bytes = ggml_row_bytes(GgmlType::Q4_0, n_in) * static_cast<size_t>(n_out);
+    p.q4_0_pairs = pairs;
+    cuda::launch_matmul(p);
+    return dy.get();
+  };
+  const auto lanes = run(0), pairs = run(1);
+  EXPECT_LT(nmse(pairs.data(), lanes.data(), lanes.size()), 1e-11) << "experts";
+}
+
 // A MoE layer's gate and up expert products in one launch (launch_matmuls groups products of
 // one routing) equal the same products launched alone, bit for bit: each product's rows come
 // from the slot's expert of its own stack, with its own bias and scale, into its own output.
