@@ -618,14 +618,19 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
 }
 
 // Rows split over 2 or 4 warps (MatmulParams::ksplit) give the one-warp result up to f32
-// summation order, on rows of 4 to 14 chunks (a partial last chunk, counts that KS does not
-// divide), odd row counts, 1, 4 and 6 tokens, the residual in place, two grouped products,
+// summation order, on rows of 2 to 14 chunks (a partial last chunk, counts that KS does not
+// divide, warps with no chunk), odd row counts, 1, 4 and 6 tokens, the residual in place, two grouped products,
 // and expert slots; grouped equals separate bit for bit at the same split.
 TEST(CudaKernels, SplitRowsMatchWholeRows) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(53);
-  const int64_t n_in = 7168, n_out = 37;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F16}) {
+  const int64_t n_out = 37;
+  // Staged rows (16-byte multiples): Q6_K needs 2048-element multiples (6144: 3 chunks); Q4_0
+  // at 2304 has 2 chunks, so at KS = 4 two warps of a group get none.
+  const std::vector<std::pair<GgmlType, int64_t>> cases = {
+      {GgmlType::Q4_0, 7168}, {GgmlType::Q4_0, 2304}, {GgmlType::Q8_0, 7168}, {GgmlType::Q4_K, 7168},
+      {GgmlType::Q6_K, 6144}, {GgmlType::BF16, 7168}, {GgmlType::F16, 7168}};
+  for (const auto& [t, n_in] : cases) {
     for (int64_t n_tok : {1, 4, 6}) {
       const auto x = random_floats(rng, n_in * n_tok), y0 = random_floats(rng, n_out * n_tok);
       Dev<float> dx(x), dact(x.size());
@@ -662,7 +667,7 @@ TEST(CudaKernels, SplitRowsMatchWholeRows) {
     }
   }
   // Expert slots (grid y) with split rows: each slot's row as with one warp per row pair.
-  const int64_t n_expert = 3, k = 2, n_tok = 2, n_slots = n_tok * k;
+  const int64_t n_in = 7168, n_expert = 3, k = 2, n_tok = 2, n_slots = n_tok * k;
   const std::vector<int32_t> ids = {2, 0, 1, 2};
   Dev<int32_t> dids(ids);
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K}) {
@@ -757,7 +762,11 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
   const int64_t n_expert = 5, n_in = 512, n_tok = 3, k = 2, n_slots = n_tok * k;
   const std::vector<int32_t> ids = {4, 0, 2, 4, 1, 3};
   Dev<int32_t> dids(ids);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16}) {
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16};
+  for (int c = 0; c < 3 * 5; ++c) {
+    // Rows split over 1, 2 and 4 warps too (ksplit): the second product's slot store after the split.
+    const GgmlType t = types[c / 3];
+    const int ks = 1 << (c % 3);
     const auto x = random_floats(rng, n_tok * n_in);
     Dev<float> dx(x), dact(x.size());
     std::vector<std::unique_ptr<Dev<uint8_t>>> ws;
@@ -778,6 +787,7 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
       p.x_div = k;
       p.expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
       p.expert_scale = scs.back()->p;
+      p.ksplit = ks;
       ps.push_back(p);
     }
     cuda::launch_matmuls(ps.data(), 2);
@@ -787,7 +797,7 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
       cuda::launch_matmul(p);
     }
     for (size_t i = 0; i < ps.size(); ++i)
-      EXPECT_EQ(ys_group[i]->get(), ys_alone[i]->get()) << ggml_type_name(t) << " product " << i;
+      EXPECT_EQ(ys_group[i]->get(), ys_alone[i]->get()) << ggml_type_name(t) << " product " << i << " ks " << ks;
   }
 }
 
