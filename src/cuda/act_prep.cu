@@ -201,7 +201,7 @@ __global__ void quantize_q8k_kernel(Src src, int64_t n_in, int64_t n_tok, Q8KAct
 __global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, int8_t* xq, float* xd) {
   grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
   float4 o[kNormVecPer];
-  norm_vec_row(p, o);
+  norm_vec_row(p, o, blockIdx.x);
   const int64_t n4 = p.n / 4, n_blk = p.n / 32, row = blockIdx.x;
   const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p,
   __shared__ float s_amax[32], s_mx[32];
   __shared__ int s_idx[32];
   float4 o[kNormVecPer];
-  norm_vec_row(p, o);
+  norm_vec_row(p, o, blockIdx.x);
   const int64_t n4 = p.n / 4, row = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll

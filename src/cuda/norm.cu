@@ -43,7 +43,16 @@ __global__ void __launch_bounds__(kThreads) norm_kernel(NormParams p) {
 
 __global__ void __launch_bounds__(kNormMaxThreads) norm_vec_kernel(NormParams p) {
   float4 o[kNormVecPer];
-  norm_vec_row(p, o);
+  norm_vec_row(p, o, blockIdx.x);
+}
+
+// a's rows, then b's (same width, so one thread count): two norms in one launch. The branch
+// is block-uniform, and each side names its own parameters (a runtime choice of reference
+// between the two would copy them to local memory).
+__global__ void __launch_bounds__(kNormMaxThreads) norm_vec_pair_kernel(NormParams a, NormParams b) {
+  float4 o[kNormVecPer];
+  if (blockIdx.x < a.n_rows) norm_vec_row(a, o, blockIdx.x);
+  else norm_vec_row(b, o, blockIdx.x - a.n_rows);
 }
 
 
@@ -57,6 +66,21 @@ void launch_norm(const NormParams& p) {
   } else {
     norm_kernel<<<static_cast<unsigned>(p.n_rows), kThreads, 0, p.stream>>>(p);
   }
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_norm_pair(const NormParams& a, const NormParams& b) {
+  if (a.n_rows == 0 || b.n_rows == 0 || a.n != b.n || !norm_vec_ok(a) || !norm_vec_ok(b)) {
+    launch_norm(a);
+    launch_norm(b);
+    return;
+  }
+  FRINK_CUDA_CHECK(a.x_stride >= a.n && a.y_stride >= a.n && b.x_stride >= b.n && b.y_stride >= b.n &&
+                           a.stream == b.stream
+                       ? cudaSuccess
+                       : cudaErrorInvalidValue);
+  norm_vec_pair_kernel<<<static_cast<unsigned>(a.n_rows + b.n_rows), static_cast<unsigned>(norm_vec_threads(a.n)), 0,
+                         a.stream>>>(a, b);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

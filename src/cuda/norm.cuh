@@ -22,5 +22,8 @@ struct NormParams {
 };
 
 void launch_norm(const NormParams& p);
+// a then b in one launch when both take the vector body at one width (a layer's per-head q
+// and k norms: one kernel fewer per layer), else two launches; the same results either way.
+void launch_norm_pair(const NormParams& a, const NormParams& b);
 
 }  // namespace frink::cuda

@@ -46,14 +46,14 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return v;
 }
 
-// Row blockIdx.x of p normed by the block (threads = norm_vec_threads), written to p.y and
-// left in o: thread i holds elements [4 (i + k blockDim), + 4) in o[k] (zeros past the row).
-// Every thread of the block must call it (it synchronises the block).
-__device__ __forceinline__ void norm_vec_row(const NormParams& p, float4 (&o)[kNormVecPer]) {
+// Row `row` of p normed by the block (threads = norm_vec_threads), written to p.y and left in
+// o: thread i holds elements [4 (i + k blockDim), + 4) in o[k] (zeros past the row). Every
+// thread of the block must call it (it synchronises the block).
+__device__ __forceinline__ void norm_vec_row(const NormParams& p, float4 (&o)[kNormVecPer], int64_t row) {
   __shared__ float shared[32];
   const int64_t n4 = p.n / 4;
-  const float4* x = reinterpret_cast<const float4*>(p.x + blockIdx.x * p.x_stride);
-  float4* y = reinterpret_cast<float4*>(p.y + blockIdx.x * p.y_stride);
+  const float4* x = reinterpret_cast<const float4*>(p.x + row * p.x_stride);
+  float4* y = reinterpret_cast<float4*>(p.y + row * p.y_stride);
   float4 v[kNormVecPer];
   float s = 0.0f;
 #pragma unroll

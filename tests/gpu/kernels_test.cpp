@@ -395,6 +395,37 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
   cublasDestroy(blas);
 }
 
+// Two norms in one launch (a layer's per-head q and k norms, in place) write what two
+// launches write, bit for bit; widths that differ or do not vectorise take two launches.
+TEST(CudaKernels, NormPairEqualsTwoNorms) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(61);
+  struct C {
+    int64_t n1, rows1, n2, rows2;
+  };
+  for (const C& c : {C{128, 32 * 3, 128, 4 * 3}, C{64, 8, 64, 2}, C{256, 5, 256, 1}, C{128, 4, 64, 2}, C{37, 3, 37, 2}}) {
+    const auto x1 = random_floats(rng, c.n1 * c.rows1), x2 = random_floats(rng, c.n2 * c.rows2);
+    const auto w1 = random_floats(rng, c.n1), w2 = random_floats(rng, c.n2);
+    Dev<float> dw1(w1), dw2(w2);
+    const auto run = [&](bool pair) {
+      Dev<float> d1(x1), d2(x2);
+      const cuda::NormParams a = norm_params(d1.p, d1.p, c.n1, c.rows1, dw1.p, nullptr, false);
+      const cuda::NormParams b = norm_params(d2.p, d2.p, c.n2, c.rows2, dw2.p, nullptr, false);
+      if (pair) {
+        cuda::launch_norm_pair(a, b);
+      } else {
+        cuda::launch_norm(a);
+        cuda::launch_norm(b);
+      }
+      return std::make_pair(d1.get(), d2.get());
+    };
+    const auto two = run(false), one = run(true);
+    EXPECT_EQ(one.first, two.first) << "n " << c.n1 << " rows " << c.rows1;
+    EXPECT_EQ(one.second, two.second) << "n " << c.n2 << " rows " << c.rows2;
+    EXPECT_NE(one.first, x1);  // it normed something
+  }
+}
+
 TEST(CudaKernels, NormsMatchHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(3);
