@@ -139,8 +139,9 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     // blocks start at an even index): nine 4-byte shared loads and four funnel shifts give
     // both blocks' scales and quants, where the two-lanes-per-block branch below spends five
     // 2-byte loads per lane and block (the 18-byte blocks are only 2-byte aligned) and loads
-    // each activation piece per lane pair. Same integers and per-block float arithmetic as
-    // that branch; only the order of the per-block additions differs.
+    // each activation piece per lane pair. The same integer per block, converted and scaled
+    // once (ggml's vec_dot_q4_0_q8_0 order) where that branch adds two halves' products: equal
+    // up to f32 rounding.
     const int64_t n_blk = a.n_in / 32;
     for (int j = lane; 2 * j < nb; j += 32) {
       const int64_t ib = b0 + 2 * j;

@@ -727,15 +727,15 @@ TEST(CudaKernels, SplitRowsMatchWholeRows) {
 
 // Q4_0 read a block pair per lane (MatmulParams::q4_0_pairs) gives the two-lanes-per-block
 // result up to f32 summation order: rows with a short last chunk (72 blocks: 64 + 8) and whole
-// chunks (128; staged rows are 16-byte aligned, so a multiple of 8 blocks), one token and four
-// (which keep two lanes per block), the residual in place, grouped products, split rows and
-// expert slots.
+// chunks (128; staged rows are 16-byte aligned, so a multiple of 8 blocks), one token, four
+// (which keep two lanes per block) and five, the residual in place, grouped products, split
+// rows and expert slots.
 TEST(CudaKernels, Q4_0BlockPairsMatchTwoLanesPerBlock) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(59);
   for (int64_t n_in : {32 * 72, 32 * 128}) {
-    for (int64_t n_tok : {1, 4}) {
-      for (int ks : {1, 2}) {
+    for (int64_t n_tok : {1, 4, 5}) {  // 5: a four-token launch, then pairs at token offset 4
+      for (int ks : {1, 2, 4}) {
         const int64_t n_out = 29;
         const auto x = random_floats(rng, n_in * n_tok), y0 = random_floats(rng, n_out * n_tok);
         Dev<float> dx(x), dact(x.size());
