@@ -13,7 +13,8 @@
 # PROFILE=1 adds an ncu decode profile per type, PROFILE_PP=1 one of a pp512 batch; both are
 # slow (ncu replays each kernel): keep TYPES short when profiling. NCU_FLAGS="--cache-control none"
 # keeps L2 warm between kernels as in a real run (by default ncu flushes it before each).
-# NO_BENCH=1 skips the benches (a profile-only call).
+# NO_BENCH=1 skips the benches (a profile-only call); VARIANTS (below) benches each file under
+# several environment settings.
 # Without carried binaries it builds here (-j16, sm_90) first.
 set -o pipefail
 G=$PWD/.fixtures/gpu
@@ -35,8 +36,15 @@ timeout ${TEST_TIMEOUT:-200} "$TEST_GPU" 2>&1 | tee "$OUT/test_gpu.txt" |
   grep -E "^\[gpu\]|FAILED|PASSED|Failure|error" | head -80
 for T in ${TYPES:-Q4_0}; do
   "$FRINK" synth --preset ${PRESET:-llama3.1-8b} --type "$T" -o /tmp/m.gguf 2>&1 | tail -1
-  [ -z "$NO_BENCH" ] && "$FRINK" bench -m /tmp/m.gguf --device cuda -p ${PP:-512} -n 128 -d ${DEPTHS:-0} -r ${REPS:-3} --peak-gbps 4300 2>&1 |
-    grep -v "uploading weights" | tee -a "$OUT/bench.txt"
+  # VARIANTS: ';'-separated environment settings, one bench each on the same file (an A/B in
+  # one call), e.g. VARIANTS="; FRINK_CUDA_KSPLIT=1; FRINK_CUDA_Q4_PAIRS=1"; unset: one plain bench.
+  IFS=';' read -r -a variants <<< "${VARIANTS:- }"
+  for V in "${variants[@]}"; do
+    [ -n "$NO_BENCH" ] && break
+    echo "== $T ${V:-(default)}" | tee -a "$OUT/bench.txt"
+    env $V "$FRINK" bench -m /tmp/m.gguf --device cuda -p ${PP:-512} -n 128 -d ${DEPTHS:-0} -r ${REPS:-3} --peak-gbps 4300 2>&1 |
+      grep -v "uploading weights" | tee -a "$OUT/bench.txt"
+  done
   if [ -n "$PROFILE" ]; then
     timeout 200 ncu --clock-control none ${NCU_FLAGS} --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_tg_$T.csv" \
       "$FRINK" bench -m /tmp/m.gguf --device cuda -p 0 -n 2 -r 1 >/dev/null 2>&1
