@@ -392,14 +392,15 @@ void CudaBackend::flush() {
   using Clock = std::chrono::steady_clock;
   const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   const Clock::time_point t_flush = Clock::now();
+  // A layer copied early waits for its own copy; the others for the stream (synced once, below).
   const auto land = [&](const Pending& pd) {
     if (pd.event >= 0) FRINK_CUDA_CHECK(cudaEventSynchronize(copy_events_[static_cast<size_t>(pd.event)].landed));
-    else FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
     for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_.f() + pd.k_off + t * kw, staging_.f() + pd.v_off + t * vw);
   };
   try {
-    if (n_tok_ >= kEarlyCopyMinTok && pending_.size() > 1) {
+    const bool all_early = std::all_of(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; });
+    if (all_early && pending_.size() > 1) {
       std::vector<std::exception_ptr> errors(pending_.size());
       append_pool_.parallel_for(static_cast<int64_t>(pending_.size()), [&](int64_t b, int64_t e, int) {
         for (int64_t i = b; i < e; ++i) {
@@ -414,7 +415,14 @@ void CudaBackend::flush() {
       for (const std::exception_ptr& e : errors)
         if (e) std::rethrow_exception(e);
     } else {
-      for (const Pending& pd : pending_) land(pd);
+      bool synced = false;  // a decode step's layers (none early) wait for the stream once, not per layer
+      for (const Pending& pd : pending_) {
+        if (pd.event < 0 && !synced) {
+          FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+          synced = true;
+        }
+        land(pd);
+      }
     }
     FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
