@@ -143,6 +143,21 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     // once (ggml's vec_dot_q4_0_q8_0 order) where that branch adds two halves' products: equal
     // up to f32 rounding.
     const int64_t n_blk = a.n_in / 32;
+    // One block: sum over its 32 elements of q x, q the raw nibbles of the 4 qs words (low
+    // nibbles are elements 4i.., piece lo; high ones 16 + 4i.., piece hi), from `sum`.
+    const auto block_dot = [](const int (&q)[4], const int4& lo, const int4& hi, int sum) {
+      const int l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        sum = __dp4a(q[i] & 0x0F0F0F0F, l[i], sum);
+        sum = __dp4a((q[i] >> 4) & 0x0F0F0F0F, h[i], sum);
+      }
+      return sum;
+    };
+    const auto bytes_sum = [](const int4& v, int sum) {
+      sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, sum));
+      return __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum));
+    };
     for (int j = lane; 2 * j < nb; j += 32) {
       const int64_t ib = b0 + 2 * j;
       const bool two = 2 * j + 1 < nb;  // always, for staged rows (a multiple of 8 blocks); kept exact anyway
@@ -158,16 +173,8 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         xq[t][3] = two ? xp[3] : make_int4(0, 0, 0, 0);
         dxa[t] = x.d8[t * n_blk + ib];
         dxb[t] = two ? x.d8[t * n_blk + ib + 1] : 0.0f;
-        int sa = 0, sb = 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          sa = __dp4a(xq[t][h].x, 0x01010101, __dp4a(xq[t][h].y, 0x01010101, sa));
-          sa = __dp4a(xq[t][h].z, 0x01010101, __dp4a(xq[t][h].w, 0x01010101, sa));
-          sb = __dp4a(xq[t][2 + h].x, 0x01010101, __dp4a(xq[t][2 + h].y, 0x01010101, sb));
-          sb = __dp4a(xq[t][2 + h].z, 0x01010101, __dp4a(xq[t][2 + h].w, 0x01010101, sb));
-        }
-        xsa[t] = 8 * sa;
-        xsb[t] = 8 * sb;
+        xsa[t] = 8 * bytes_sum(xq[t][1], bytes_sum(xq[t][0], 0));
+        xsb[t] = 8 * bytes_sum(xq[t][3], bytes_sum(xq[t][2], 0));
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -179,33 +186,16 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         for (int i = 0; i < 9; ++i) v[i] = w[i];
         const float da = __half2float(__ushort_as_half(static_cast<unsigned short>(v[0] & 0xFFFFu)));
         const float db = __half2float(__ushort_as_half(static_cast<unsigned short>(v[4] >> 16)));
-        int qa[4];
+        int qa[4], qb[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) qa[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], 16));
+        for (int i = 0; i < 4; ++i) {
+          qa[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], 16));
+          qb[i] = static_cast<int>(v[5 + i]);
+        }
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          // qs word i: low nibbles are elements 4i.. (activation piece 0), high ones 16 + 4i.. (piece 1)
-          const int* x0 = &xq[t][0].x;
-          const int* x1 = &xq[t][1].x;
-          int sum = -xsa[t];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            sum = __dp4a(qa[i] & 0x0F0F0F0F, x0[i], sum);
-            sum = __dp4a((qa[i] >> 4) & 0x0F0F0F0F, x1[i], sum);
-          }
-          acc[r][t] += static_cast<float>(sum) * (da * dxa[t]);
-          if (two) {
-            const int* x2 = &xq[t][2].x;
-            const int* x3 = &xq[t][3].x;
-            int sumb = -xsb[t];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int q = static_cast<int>(v[5 + i]);
-              sumb = __dp4a(q & 0x0F0F0F0F, x2[i], sumb);
-              sumb = __dp4a((q >> 4) & 0x0F0F0F0F, x3[i], sumb);
-            }
-            acc[r][t] += static_cast<float>(sumb) * (db * dxb[t]);
-          }
+          acc[r][t] += static_cast<float>(block_dot(qa, xq[t][0], xq[t][1], -xsa[t])) * (da * dxa[t]);
+          if (two) acc[r][t] += static_cast<float>(block_dot(qb, xq[t][2], xq[t][3], -xsb[t])) * (db * dxb[t]);
         }
       }
     }
