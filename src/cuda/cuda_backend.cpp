@@ -653,9 +653,9 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     }
   }
   // q = q_norm(q), k = k_norm(k) per head; apply_rotary_pos_emb(q, k, cos, sin)
-  if (p.qk_norm)
-    launch_norm_pair(norm_params(d.q_norm, q_.f(), q_.f(), n * p.n_head, p.head_dim_k, p.head_dim_k, false),
-                     norm_params(d.k_norm, k_.f(), k_.f(), n * p.n_head_kv, p.head_dim_k, p.head_dim_k, false));
+  const NormParams q_norm = norm_params(d.q_norm, q_.f(), q_.f(), n * p.n_head, p.head_dim_k, p.head_dim_k, false);
+  const NormParams k_norm = norm_params(d.k_norm, k_.f(), k_.f(), n * p.n_head_kv, p.head_dim_k, p.head_dim_k, false);
+  if (p.qk_norm && p.rope.kind == RopeKind::kNone) launch_norm_pair(q_norm, k_norm);
   if (p.rope.kind != RopeKind::kNone) {
     RopeLaunch r;
     r.n_tok = n;
@@ -686,6 +686,9 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     r.mirror_v = mirror.v_rows(0);
     r.stage_k = dstage_.f() + pd.k_off;
     r.stage_v = dstage_.f() + pd.v_off;
+    r.qk_norm = p.qk_norm;  // the norms in the rotation's launch (launch_rope)
+    r.norm_x = q_norm;
+    r.norm_x2 = k_norm;
     launch_rope(r);
   } else {
     launch_kv_append(k_.f(), v_.f(), k_w, v_w, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), dstage_.f() + pd.k_off,

@@ -44,6 +44,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
   if constexpr (kIsPlain<T>) {
     // 8 elements per lane per step while whole 8-groups remain, then a scalar tail.
     const int64_t n8 = (a.n_in % 8 == 0 && a.x_stride % 4 == 0) ? a.n_in / 8 : 0;
+    // Four steps' loads in flight: an MoE router (128 F32 rows of 2048, one warp each, so one
+    // warp per SM) walked its 8 steps one memory round trip at a time, 5.8 us (qwen3-30b-a3b
+    // decode, ncu).
+#pragma unroll 4
     for (int64_t g = lane; g < n8; g += 32) {
       float w[8];
 #pragma unroll
@@ -599,7 +603,10 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
 }
 
 // Warps per row pair for rows of n_chunks chunks: 2 from 3 chunks, 4 from 6. Measured (H200,
-// 8B tg128, one call): BF16 170.9 -> 183.7, Q8_0 230.7 -> 236.7, Q4_0 309.6 -> 310.3.
+// 8B tg128, one call): BF16 170.9 -> 183.7, Q8_0 230.7 -> 236.7, Q4_0 309.6 -> 310.3. Two
+// warps for two-chunk rows when one warp per pair leaves the GPU less than a wave (the 8B
+// q/k/v and wo, 8.2 and 7.5 us in ncu at 34% and 25% occupancy) measured no better: Q4_0
+// 311.1 and 310.1 against 312.4 and 317.4 without (one call, alternating).
 static int matvec_ksplit(int64_t n_chunks) { return n_chunks >= 6 ? 4 : n_chunks >= 3 ? 2 : 1; }
 
 // Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/norm.cuh"
+
 namespace frink::cuda {
 
 struct RopeLaunch {
@@ -34,6 +36,11 @@ struct RopeLaunch {
   float* mirror_v = nullptr;
   float* stage_k = nullptr;
   float* stage_v = nullptr;
+  // Optional QK-norm first (Qwen3 and the like): norm_x over x's heads and norm_x2 over x2's
+  // (rows of head_dim, y == x), in the rotation's launch when launch_rope can (else the pair of
+  // norms is launched first: the same results).
+  bool qk_norm = false;
+  NormParams norm_x, norm_x2;
   cudaStream_t stream = nullptr;
 };
 

@@ -1,0 +1,126 @@
+// Read-bandwidth ceilings for decode products (issue 6): how fast can a kernel of a given
+// shape stream a weight matrix that does not fit L2, with the arithmetic taken out? Built and
+// run on the GPU machine by hand: nvcc -O3 -arch=sm_90 tools/stream_ceiling.cu -o /tmp/sc && /tmp/sc
+// Shapes: (a) grid-stride 16-byte loads, 4 in flight per lane (the ceiling); (b) frink's stream
+// kernel skeleton: one warp per row pair, chunks of 1152 bytes copied by cp.async, two stages,
+// four warps per block, a token read of the copy; (c) (b) with each warp's rows read straight
+// into registers (all of a row pair's 16-byte loads issued before any use).
+#include <cuda_pipeline.h>
+#include <cstdio>
+#include <cstdint>
+#include <vector>
+#include <algorithm>
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+
+__global__ void grid_stride(const uint4* __restrict__ p, int64_t n, unsigned* out) {
+  unsigned acc = 0;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    acc ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n; i += stride) acc ^= __ldg(p + i).x;
+  if (acc == 0x12345678) out[0] = acc;
+}
+
+template <int Chunk, int Warps>
+__global__ void __launch_bounds__(Warps * 32) staged(const uint8_t* w, int64_t row_bytes, int64_t n_rows, unsigned* out) {
+  __shared__ __align__(16) uint8_t sm[Warps][2][2][Chunk];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t pair = int64_t{blockIdx.x} * Warps + warp;
+  if (2 * pair >= n_rows) return;
+  const int n_chunks = static_cast<int>(row_bytes / Chunk);
+  auto issue = [&](int c) {
+    if (c >= n_chunks) return;
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t* src = w + (2 * pair + r) * row_bytes + int64_t{c} * Chunk;
+      for (int i = lane * 16; i < Chunk; i += 512) __pipeline_memcpy_async(&sm[warp][c % 2][r][i], src + i, 16);
+    }
+  };
+  unsigned acc = 0;
+  issue(0);
+  __pipeline_commit();
+  for (int c = 0; c < n_chunks; ++c) {
+    issue(c + 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncwarp();
+    acc ^= reinterpret_cast<const unsigned*>(sm[warp][c % 2][0])[lane] ^ reinterpret_cast<const unsigned*>(sm[warp][c % 2][1])[lane + 32];
+    __syncwarp();
+  }
+  if (acc == 0x12345678) out[0] = acc;
+}
+
+// Each lane loads its 16-byte pieces of both rows into registers, all issued at once.
+template <int RowBytes, int Warps>
+__global__ void __launch_bounds__(Warps * 32) direct(const uint8_t* w, int64_t n_rows, unsigned* out) {
+  constexpr int kPer = (RowBytes / 16 + 31) / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t pair = int64_t{blockIdx.x} * Warps + warp;
+  if (2 * pair >= n_rows) return;
+  uint4 v[2][kPer];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int off = (k * 32 + lane) * 16;
+      v[r][k] = off < RowBytes ? __ldg(reinterpret_cast<const uint4*>(w + (2 * pair + r) * int64_t{RowBytes} + off)) : make_uint4(0, 0, 0, 0);
+    }
+  unsigned acc = 0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) acc ^= v[r][k].x ^ v[r][k].w;
+  if (acc == 0x12345678) out[0] = acc;
+}
+
+template <class F>
+float time_ms(F f) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> t;
+  for (int i = 0; i < 25; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    if (i >= 5) t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+int main() {
+  // Several copies of the matrix, rotated, so each launch reads one L2 does not hold.
+  const int64_t rows = 28672, row_bytes = 2304, bytes = rows * row_bytes;  // 8B Q4_0 gate+up
+  const int copies = 8;
+  uint8_t* buf;
+  unsigned* out;
+  CK(cudaMalloc(&buf, bytes * copies));
+  CK(cudaMalloc(&out, 4));
+  CK(cudaMemset(buf, 1, bytes * copies));
+  int sms;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  int rot = 0;
+  auto next = [&] { rot = (rot + 1) % copies; return buf + rot * bytes; };
+  auto report = [&](const char* name, float ms) { printf("%-44s %8.2f us  %6.2f TB/s\n", name, ms * 1e3, bytes / (ms * 1e-3) / 1e12); };
+  for (int bpsm : {4, 8, 16, 32}) {
+    char n[64];
+    snprintf(n, sizeof n, "grid-stride 16B x4, %d blocks/SM x 256", bpsm);
+    report(n, time_ms([&] { grid_stride<<<sms * bpsm, 256>>>(reinterpret_cast<const uint4*>(next()), bytes / 16, out); }));
+  }
+  report("staged 1152 B chunks, 4 warps (frink v5)", time_ms([&] { staged<1152, 4><<<(rows / 2 + 3) / 4, 128>>>(next(), row_bytes, rows, out); }));
+  report("staged 1152 B chunks, 8 warps", time_ms([&] { staged<1152, 8><<<(rows / 2 + 7) / 8, 256>>>(next(), row_bytes, rows, out); }));
+  report("staged 576 B chunks, 4 warps", time_ms([&] { staged<576, 4><<<(rows / 2 + 3) / 4, 128>>>(next(), row_bytes, rows, out); }));
+  report("staged 2304 B chunk (whole row), 4 warps", time_ms([&] { staged<2304, 4><<<(rows / 2 + 3) / 4, 128>>>(next(), row_bytes, rows, out); }));
+  report("direct, row pair in registers, 4 warps", time_ms([&] { direct<2304, 4><<<(rows / 2 + 3) / 4, 128>>>(next(), rows, out); }));
+  report("direct, row pair in registers, 8 warps", time_ms([&] { direct<2304, 8><<<(rows / 2 + 7) / 8, 256>>>(next(), rows, out); }));
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  return 0;
+}
