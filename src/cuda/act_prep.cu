@@ -8,6 +8,7 @@
 #include "cuda/norm_row.cuh"
 #include "cuda/glu_value.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/q8_0_rule.cuh"
 
 namespace frink::cuda::mm {
 
@@ -24,16 +25,8 @@ __global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t 
 }
 
 // The host's two rounding rules, written once for the kernels below (the rounded-f32, int8
-// and fused forms must agree value for value).
-// Q8_0 (quantize_row_q8_0) for a 32-block of largest magnitude amax: quant = roundf(x * inv),
-// scale kept = d (rounded to f16).
-struct Q8Rule {
-  float inv, d;
-};
-__device__ __forceinline__ Q8Rule q8_0_rule(float amax) {
-  const float d = amax / 127;
-  return {d != 0.0f ? 1.0f / d : 0.0f, __half2float(__float2half_rn(d))};
-}
+// and fused forms must agree value for value). Q8_0: q8_0_rule.cuh (attention's merge writes
+// Q8_0 blocks too).
 // Q8_K (quantize_row_q8_K) for a 256-block whose first value of largest magnitude is mx
 // (amax = |mx|; 0 for an all-zero block, whose quants and scale are 0).
 __device__ __forceinline__ float q8k_iscale(float amax, float mx) { return amax == 0.0f ? 0.0f : -127.f / mx; }
@@ -150,12 +143,9 @@ __global__ void quantize_q8_kernel(Src src, int64_t n_in, int64_t n_tok, int8_t*
   const int64_t t = g / n_blk, b = g % n_blk;
   const float v = src(t, b * 32 + lane);
   src.keep(t, b * 32 + lane, v);
-  float amax = fabsf(v);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const Q8Rule r = q8_0_rule(amax);
-  xq[t * n_in + b * 32 + lane] = static_cast<int8_t>(roundf(v * r.inv));
-  if (lane == 0) xd[t * n_blk + b] = r.d;
+  const Q8Elem e = q8_0_warp_block(v);
+  xq[t * n_in + b * 32 + lane] = e.q;
+  if (lane == 0) xd[t * n_blk + b] = e.d;
 }
 
 __device__ __forceinline__ int warp_isum(int v) {

@@ -14,7 +14,9 @@
 //   depth 4096 ~0.3-0.5 ms.
 // - Merge: 256 threads per (token, head), splits spread over 8 warps (was one serial loop
 //   per thread over every split, ~0.5 us of L2 latency per split); expected a few us per
-//   layer at 512 splits.
+//   layer at 512 splits. It may also write its output as Q8_0 blocks (out_q8) for the wo
+//   product: ncu (H200 decode) showed a separate quantize_q8_kernel of ~2.2 us per dense
+//   Q4_0/Q8_0 layer; in the merge it is one warp reduction per block (unmeasured).
 // - Prefill (n_tok >= kAttnMmaMinTok, head dim 64/128): flash-attention on tensor cores
 //   (mma.sync m16n8k16, f16 inputs converted from the f32 mirror rows in shared memory, f32
 //   accumulate and softmax; the next K/V tile's cp.async copies fly during the current
@@ -38,6 +40,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/q8_0_rule.cuh"
 
 namespace frink::cuda {
 
@@ -167,7 +170,8 @@ __device__ __forceinline__ float block_reduce(float v, float* s_red) {
 // grid (n_head, n_tok), kMergeThreads threads: merges the splits of one (token, head). With
 // 64-key splits a deep context has hundreds of them, so the splits are spread over the warps
 // (warp w takes splits s0 + w, s0 + w + 8, ...; lanes split the head dimension) rather than
-// walked serially by every thread; the warps' sums meet in shared memory.
+// walked serially by every thread; the warps' sums meet in shared memory. With p.out_q8 the
+// output is also quantized: head_dim_v % 32 == 0 makes each warp's 32 outputs one Q8_0 block.
 __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_red[kMergeWarps];
   __shared__ float s_acc[kMergeWarps][kAttnMaxHeadDim];
@@ -201,11 +205,17 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p,
   for (int i = 0; i < kPer; ++i)
     if (lane + 32 * i < hdv) s_acc[warp][lane + 32 * i] = a[i];
   __syncthreads();
-  float* out = p.out + t * p.n_head * p.head_dim_v + h * p.head_dim_v;
-  for (int d = threadIdx.x; d < hdv; d += kMergeThreads) {
+  const int64_t e0 = t * p.n_head * p.head_dim_v + h * p.head_dim_v;  // this head's first output
+  for (int d = threadIdx.x; d < hdv; d += kMergeThreads) {  // warp-uniform bound: hdv % 32 == 0 with out_q8
     float sum = 0.0f;
     for (int w = 0; w < kMergeWarps; ++w) sum += s_acc[w][d];
-    out[d] = sum / ll;
+    const float o = sum / ll;
+    p.out[e0 + d] = o;
+    if (p.out_q8) {
+      const Q8Elem q = q8_0_warp_block(o);
+      p.out_q8[e0 + d] = q.q;
+      if (lane == 0) p.out_d8[(e0 + d) / 32] = q.d;
+    }
   }
 }
 
@@ -855,6 +865,10 @@ bool attn_uses_split_k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
   return n_tok < kAttnPrefillMinTok || head_dim_k > kTileMaxDim || head_dim_v > kTileMaxDim;
 }
 
+bool attn_writes_q8_0(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
+  return attn_uses_split_k(n_tok, head_dim_k, head_dim_v) && head_dim_v % 32 == 0;
+}
+
 bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
   return n_tok >= kAttnMmaMinTok && head_dim_k == head_dim_v && (head_dim_k == 64 || head_dim_k == 128);
 }
@@ -907,7 +921,8 @@ int decode_heads_per_block(int64_t group) {
 
 void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
-                           p.n_head % p.n_head_kv == 0 && p.pos && p.max_keys >= p.n_tok
+                           p.n_head % p.n_head_kv == 0 && p.pos && p.max_keys >= p.n_tok &&
+                           (!p.out_q8 || (p.out_d8 && attn_writes_q8_0(p.n_tok, p.head_dim_k, p.head_dim_v)))
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   if (p.n_tok == 0) return;

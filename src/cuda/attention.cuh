@@ -52,12 +52,23 @@ struct AttnParams {
   const float* sinks = nullptr;         // [n_head] or null: an extra logit in each softmax's
                                         // denominator (gpt-oss), weighting no value
   float* partial = nullptr;   // scratch of attn_partial_floats(...) floats
+  // Optional (null: off): out ALSO as Q8_0 blocks, in the layout the next product reads them
+  // (matmul.cuh q8_0_act, n_in = n_head * head_dim_v): out_q8 int8 [n_tok][n_head * head_dim_v],
+  // out_d8 f32 [n_tok][n_head * head_dim_v / 32], from out's values with act_prep.cu's
+  // arithmetic, bit for bit (q8_0_rule.cuh), so the wo product skips its quantize kernel.
+  // Written by the split-K merge, a block per (token, head): only where attn_writes_q8_0, so
+  // blocks never straddle heads; launch_attention fails (cudaErrorInvalidValue) elsewhere.
+  int8_t* out_q8 = nullptr;
+  float* out_d8 = nullptr;
   cudaStream_t stream = nullptr;
 };
 
 // Whether launch_attention takes the split-K kernels (which need the partial scratch) for
 // this batch and head shape, rather than the tiled prefill kernel.
 bool attn_uses_split_k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
+// Whether launch_attention can also write its output as Q8_0 blocks (AttnParams::out_q8):
+// split-K (its merge writes them) and head_dim_v a multiple of 32 (a block is one head's).
+bool attn_writes_q8_0(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 // Whether a prefill batch (not split-K) of this shape takes the tensor-core kernel (when the
 // device is sm_80+ and the mirrors 16-byte aligned; otherwise the f32 tiled kernel). Features
 // (windows, ALiBi, sinks, softcap, GQA) are all handled there.

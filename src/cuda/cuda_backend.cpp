@@ -140,10 +140,34 @@ MatmulParams CudaBackend::expert_params(const DeviceExperts& x, const float* in,
 // The mixture-of-experts block on normed h [n_tok][n_embd] -> out (+ residual), the host's
 // moe_ffn (cpu/moe.cpp) step by step, every step on the device: router product, routing,
 // gate|up of each token's chosen experts, GLU, down, the weighted sum with the shared expert.
+// pre_norm: h is that norm's output, launched here first.
 void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out,
-                          const float* residual) {
+                          const float* residual, const NormParams* pre_norm) {
   const MoePlan& mp = p.moe;
   const int64_t E = m_.hp.n_embd, n = n_tok_, k = mp.n_expert_used, F = mp.n_ff_exp, S = n * k;
+  // The experts' gate|up products of h (or one fused gate_up), launched after the routing.
+  MatmulParams gu[2];
+  const int n_gu = d.gate_up_exps ? 1 : 2;
+  if (d.gate_up_exps) {
+    gu[0] = expert_params(d.gate_up_exps, h, n, k, moe_gu_.f(), 2 * F);
+  } else {
+    gu[0] = expert_params(d.gate_exps, h, n, k, moe_gu_.f(), F);
+    gu[1] = expert_params(d.up_exps, h, n, k, moe_gu_.f() + S * F, F);
+  }
+  // h = post_attention_layernorm(x): when the experts read h as Q8_0 blocks (Q4_0/Q8_0), the
+  // norm's kernel writes them too (one kernel fewer; Q8_0 rows are per token, as the slots'
+  // s / x_div reads them), into moe_h_q8_: the router's own preparation of h goes to act_.
+  if (pre_norm) {
+    MatmulParams q8 = gu[0];
+    q8.act_round = moe_h_q8_.f();
+    q8.pre_norm = pre_norm;
+    if (!matmul_reads_q8_0(q8)) {
+      launch_norm(*pre_norm);
+    } else if (launch_matmul_producer(q8)) {  // false: it ran the plain norm (rows it cannot fuse)
+      for (int i = 0; i < n_gu; ++i) gu[i].act_round = moe_h_q8_.f();
+      gu[0].x_prepared = true;
+    }
+  }
   // logits = self.gate(hidden_states); chosen experts and their weights, on the device
   {  // f32 at any batch size: top-k must rank the experts as the host does
     MatmulParams rp = matmul_params(d.router, h, E, moe_logits_.f(), mp.n_expert);
@@ -170,15 +194,12 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   g.n_tok = S;
   g.oai = mp.swiglu_oai;
   g.stream = stream_;
+  launch_matmuls(gu, n_gu);  // one preparation of h for gate and up
   if (d.gate_up_exps) {
-    launch_matmul(expert_params(d.gate_up_exps, h, n, k, moe_gu_.f(), 2 * F));
     g.gate = moe_gu_.f();
     g.up = moe_gu_.f() + F;
     g.gate_stride = g.up_stride = 2 * F;
   } else {
-    const MatmulParams gu[2] = {expert_params(d.gate_exps, h, n, k, moe_gu_.f(), F),
-                                expert_params(d.up_exps, h, n, k, moe_gu_.f() + S * F, F)};
-    launch_matmuls(gu, 2);  // one preparation of h for both
     g.gate = moe_gu_.f();
     g.up = moe_gu_.f() + S * F;
     g.gate_stride = g.up_stride = F;
@@ -296,6 +317,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     moe_y_.ensure(static_cast<size_t>(slots * hp.n_embd) * sizeof(float));
     moe_sh_y_.ensure(fl(hp.n_embd));
     moe_sh_g_.ensure(fl(1));
+    // h as Q8_0 blocks (int8 quants, f32 scale per 32) for the experts: moe_ffn.
+    moe_h_q8_.ensure(static_cast<size_t>(n_tok * hp.n_embd) + fl(hp.n_embd / 32));
   }
   if (gdn_c > 0) {
     gdn_qkv_.ensure(fl(gdn_c));
@@ -480,9 +503,10 @@ MatmulParams CudaBackend::matmul_params(const DeviceLinear& l, const float* x, i
 }
 
 void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-                         const float* residual) {
+                         const float* residual, bool x_prepared) {
   MatmulParams p = matmul_params(l, x, x_stride, y, y_stride);
   p.residual = residual;
+  p.x_prepared = x_prepared;
   launch_matmul(p);
 }
 
@@ -512,11 +536,11 @@ NormParams CudaBackend::norm_params(const DeviceNorm& n, const float* x, float* 
 // residual when given (matmul's rule).
 void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
                       const NormParams* pre_norm) {
-  if (pre_norm && p.ffn != FfnKind::kGated) launch_norm(*pre_norm);
   if (p.ffn == FfnKind::kMoe) {
-    moe_ffn(p, d, h, out, residual);
+    moe_ffn(p, d, h, out, residual, pre_norm);
     return;
   }
+  if (pre_norm && p.ffn != FfnKind::kGated) launch_norm(*pre_norm);
   const int64_t E = m_.hp.n_embd, n_ff = p.n_ff;
   GluParams g;
   g.out = hidden_.f();
@@ -716,24 +740,32 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   a.sinks = d.attn_sinks;
   a.partial = partial_.f();
   a.stream = stream_;
+  // The merge also writes the wo product's Q8_0 input (one quantize kernel fewer), where wo
+  // reads one and the merge can write it. Not under gated attention: wo reads the gated output.
+  const int64_t o_in = p.n_head * p.head_dim_v;
+  const MatmulParams wo = matmul_params(d.wo, attn_.f(), o_in, o_.f(), E);
+  const bool o_q8 = !p.attn_out_gate && attn_writes_q8_0(n, p.head_dim_k, p.head_dim_v) && matmul_reads_q8_0(wo);
+  if (o_q8) {
+    a.out_q8 = q8_0_act(wo).q;
+    a.out_d8 = q8_0_act(wo).d;
+  }
   launch_attention(a);
   // attn_output = attn_output * torch.sigmoid(gate)   (gated attention)
   if (p.attn_out_gate) launch_sigmoid_mul(attn_.f(), attn_gate_.f(), n * p.n_head * p.head_dim_v, stream_);
-  const int64_t o_in = p.n_head * p.head_dim_v;
   if (p.parallel_residual) {
     // x + attn(ln(x)) + mlp(ln(x)): the FFN reads the same normed input (or its own norm)
-    matmul(d.wo, attn_.f(), o_in, o_.f(), E);
+    matmul(d.wo, attn_.f(), o_in, o_.f(), E, nullptr, o_q8);
     if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
     if (d.ffn_norm.w) norm_rows(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
     ffn(p, d, h_.f(), f_.f(), nullptr);
     launch_add(x_.f(), x_.f(), o_.f(), f_.f(), n * E, stream_);
     return;
   }
-  enqueue_residual_ffn(p, d, d.wo, attn_.f(), o_in);
+  enqueue_residual_ffn(p, d, d.wo, attn_.f(), o_in, o_q8);
 }
 
 void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj,
-                                       const float* branch, int64_t branch_w) {
+                                       const float* branch, int64_t branch_w, bool branch_q8) {
   const int64_t E = m_.hp.n_embd, n = n_tok_;
   const bool ln = m_.hp.norm == NormKind::kLayer;
   // Decode batches add the residual in the products' epilogue (x = x + W h, one launch):
@@ -742,9 +774,9 @@ void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d,
   const bool fuse = n <= kMatvecMaxTok;
   // x = x + o_proj(attn_output) (+ the sandwich norm before the add)
   if (fuse && !p.post_attn_norm) {
-    matmul(proj, branch, branch_w, x_.f(), E, x_.f());
+    matmul(proj, branch, branch_w, x_.f(), E, x_.f(), branch_q8);
   } else {
-    matmul(proj, branch, branch_w, o_.f(), E);
+    matmul(proj, branch, branch_w, o_.f(), E, nullptr, branch_q8);
     if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
     launch_add(x_.f(), x_.f(), o_.f(), nullptr, n * E, stream_);
   }
@@ -784,7 +816,7 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, in
   std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1)};
   for (const DevBuf* b : {&act_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
-                          &moe_sh_g_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_})
+                          &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
   key.push_back(reinterpret_cast<uintptr_t>(staging_.p));
   key.push_back(reinterpret_cast<uintptr_t>(dstage_.p));

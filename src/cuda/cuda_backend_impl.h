@@ -120,8 +120,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // the state wants a snapshot of is copied out (stage_snapshot).
   void enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends, RecurrentState* snap);
   // x = x + proj(branch) (+ sandwich norm), x = x + ffn(ffn_norm(x)): the tail of a layer.
+  // branch_q8: act_ already holds branch as proj reads it (Q8_0 blocks: MatmulParams::x_prepared).
   void enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj, const float* branch,
-                            int64_t branch_w);
+                            int64_t branch_w, bool branch_q8 = false);
   // The sequence's recurrent mirror (made on first use; the state is linked to this backend).
   RecurrentMirror& ready_recurrent(RecurrentState& s);
   void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos);
@@ -133,9 +134,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs, int64_t max_keys,
                                   int pick_k);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
-  // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual).
+  // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual;
+  // x_prepared: MatmulParams::x_prepared).
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-              const float* residual = nullptr);
+              const float* residual = nullptr, bool x_prepared = false);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
   NormParams norm_params(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride,
                          bool layer) const;
@@ -143,7 +145,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // preparation when it can: MatmulParams::pre_norm).
   void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
            const NormParams* pre_norm = nullptr);
-  void moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
+  void moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
+               const NormParams* pre_norm);
   // An expert product: slot s multiplies its routed expert with activation row s / x_div.
   MatmulParams expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div, float* y,
                              int64_t y_stride);
@@ -182,6 +185,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the
   // shared expert's output and gate logit.
   DevBuf moe_logits_, moe_ids_, moe_w_, moe_gu_, moe_hidden_, moe_y_, moe_sh_y_, moe_sh_g_;
+  // h as Q8_0 blocks for Q4_0/Q8_0 experts, written with the FFN norm (moe_ffn): its own
+  // buffer, as the router's product between them prepares h in act_.
+  DevBuf moe_h_q8_;
   // Gated delta net: the q|k|v projection and its conv output, z, the raw beta|alpha, the
   // gates, the delta rule's output.
   DevBuf gdn_qkv_, gdn_conv_, gdn_z_, gdn_ba_, gdn_beta_, gdn_g_, gdn_o_;

@@ -44,10 +44,9 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
   MatmulParams p = ps[0];
   if constexpr (T == kQ4_0 || T == kQ8_0) {
     if (kind == kActDp4a) {
-      int8_t* xq = reinterpret_cast<int8_t*>(p.act_round);  // int8 quants, then the f32 block scales
-      float* xd = reinterpret_cast<float*>(xq + p.n_tok * p.n_in);
-      if (!x_ready) launch_quantize_q8(p, xq, xd);
-      matvec_stream_launch<T>(ps, n, StagedAct{xq, xd, {}, nullptr});
+      const Q8_0Act x = q8_0_act(p);
+      if (!x_ready) launch_quantize_q8(p, x.q, x.d);
+      matvec_stream_launch<T>(ps, n, StagedAct{x.q, x.d, {}, nullptr});
       return;
     }
   }
@@ -100,14 +99,13 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
   return static_cast<size_t>(n_in * n_tok) + std::max<size_t>(static_cast<size_t>(n_in), size_t{64} << 20);
 }
 
-// ps[0].pre_norm / pre_glu: the producer of x, fused with x's preparation when the first
-// product's is a dp4a quantization the fused kernels cover; true when act_round then holds x
-// prepared.
-bool launch_producer(const MatmulParams& p) {
-  const ActRound kind = act_prep_for(p);
-  // The Q8_0 layout as dispatch reads it (kind kActDp4a implies act_round is set).
-  const auto xq = [&] { return reinterpret_cast<int8_t*>(p.act_round); };
-  const auto xd = [&] { return reinterpret_cast<float*>(xq() + p.n_tok * p.n_in); };
+bool matmul_reads_q8_0(const MatmulParams& p) { return act_prep_for(p) == kActDp4a; }
+
+// The producer of x (launch_matmuls: ps[0]'s), fused with x's preparation when p's is a dp4a
+// quantization the fused kernels cover; true when act_round then holds x prepared.
+bool launch_matmul_producer(const MatmulParams& p) {
+  FRINK_CUDA_CHECK(p.pre_norm || p.pre_glu ? cudaSuccess : cudaErrorInvalidValue);
+  const ActRound kind = act_prep_for(p);  // kActDp4a implies act_round is set (q8_0_act)
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
     FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
@@ -115,7 +113,7 @@ bool launch_producer(const MatmulParams& p) {
                          ? cudaSuccess
                          : cudaErrorInvalidValue);
     if (kind == kActDp4a && norm_vec_ok(np) && np.n % 32 == 0) {
-      launch_norm_q8(np, xq(), xd());
+      launch_norm_q8(np, q8_0_act(p).q, q8_0_act(p).d);
       return true;
     }
     if (kind == kActDp4aK && norm_vec_ok(np) && np.n % 256 == 0) {
@@ -130,7 +128,7 @@ bool launch_producer(const MatmulParams& p) {
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   if (kind == kActDp4a && g.n % 32 == 0) {
-    launch_glu_q8(g, xq(), xd());
+    launch_glu_q8(g, q8_0_act(p).q, q8_0_act(p).d);
     return true;
   }
   if (kind == kActDp4aK && g.n % 256 == 0) {
@@ -156,9 +154,14 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                              p.act_round == p0.act_round && p.scratch == p0.scratch && p.stream == p0.stream
                          ? cudaSuccess
                          : cudaErrorInvalidValue);
-    FRINK_CUDA_CHECK(i == 0 || (!p.pre_norm && !p.pre_glu) ? cudaSuccess : cudaErrorInvalidValue);
+    FRINK_CUDA_CHECK(i == 0 || (!p.pre_norm && !p.pre_glu && !p.x_prepared) ? cudaSuccess : cudaErrorInvalidValue);
   }
-  const bool first_ready = (ps[0].pre_norm || ps[0].pre_glu) && launch_producer(ps[0]);
+  // x_prepared: x's producer wrote the Q8_0 blocks already (one producer of x, never two).
+  FRINK_CUDA_CHECK(!ps[0].x_prepared || (!ps[0].pre_norm && !ps[0].pre_glu && matmul_reads_q8_0(ps[0]))
+                       ? cudaSuccess
+                       : cudaErrorInvalidValue);
+  const bool first_ready =
+      ps[0].x_prepared || ((ps[0].pre_norm || ps[0].pre_glu) && launch_matmul_producer(ps[0]));
   for (int i = 0; i < n; ++i) {
     const MatmulParams& p = ps[i];
     // Ready: the previous product prepared x the same way: same kind, same path, and the same

@@ -3,6 +3,7 @@
 // itself rounds differently), each with its reason beside it.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -393,6 +394,186 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
                   " mode " + std::to_string(mode));
         }
   cublasDestroy(blas);
+}
+
+// x handed to launch_matmuls already quantized (MatmulParams::x_prepared: act_round filled by
+// x's producer, here launch_matmul_producer's fused norm, as a MoE layer's FFN norm runs ahead
+// of its router) gives the bits of the plain path, which quantizes x itself: one product; two
+// of the type and a Q5_0 one after them (another preparation: it reads x's f32 values); and
+// gate/up expert products in slot mode (x_div = k: the Q8_0 rows are per token). Q4_0 and
+// Q8_0, widths 4096 (one float4 slab a thread) and 1088 (threads past the row), 1 to 8 tokens.
+// A product that reads no Q8_0 blocks refuses the flag before launching anything.
+TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(59);
+  const int64_t n_expert = 4, k = 2;
+  const std::vector<int32_t> ids = {2, 0, 3, 2, 1, 1, 0, 3, 2, 1, 3, 0, 1, 2, 3, 0};  // 8 tokens x k
+  Dev<int32_t> dids(ids);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0})
+    for (int64_t n_in : {4096, 1088})
+      for (int64_t n_tok : {1, 3, 8})
+        for (int mode : {0, 1, 2}) {  // one product; two of t and a Q5_0 one; gate/up experts
+          const int n = mode == 0 ? 1 : mode == 1 ? 3 : 2;
+          const bool experts = mode == 2;
+          const std::string where = std::string(ggml_type_name(t)) + " n_in " + std::to_string(n_in) + " n_tok " +
+                                    std::to_string(n_tok) + " mode " + std::to_string(mode);
+          const auto x = random_floats(rng, n_in * n_tok);
+          Dev<float> dx(x), dnw(random_floats(rng, n_in)), dh1(x.size()), dh2(x.size()), act1(x.size()), act2(x.size());
+          std::vector<std::unique_ptr<Dev<uint8_t>>> ws;
+          std::vector<std::unique_ptr<Dev<float>>> y1s, y2s;
+          std::vector<cuda::MatmulParams> ps1, ps2;
+          for (int i = 0; i < n; ++i) {
+            const GgmlType ti = i == 2 ? GgmlType::Q5_0 : t;
+            const int64_t n_out = 37 + 6 * i, n_rows = experts ? n_tok * k : n_tok;
+            ws.push_back(std::make_unique<Dev<uint8_t>>(
+                random_weights(rng, ti, n_in, n_out * (experts ? n_expert : 1)).bytes));
+            y1s.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_rows * n_out)));
+            y2s.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_rows * n_out)));
+            cuda::MatmulParams p = mat_params(ti, ws.back()->p, n_in, n_out, dh1.p, n_tok, y1s.back()->p);
+            p.act_round = act1.p;
+            if (experts) {
+              p.slot_expert = dids.p;
+              p.n_slots = n_tok * k;
+              p.x_div = k;
+              p.expert_bytes = ggml_row_bytes(ti, n_in) * static_cast<size_t>(n_out);
+            }
+            ps1.push_back(p);
+            p.x = dh2.p;
+            p.y = y2s.back()->p;
+            p.act_round = act2.p;
+            ps2.push_back(p);
+          }
+          // Plain: the norm, then the products quantize its output.
+          cuda::NormParams np = norm_params(dx.p, dh1.p, n_in, n_tok, dnw.p, nullptr, false);
+          cuda::launch_norm(np);
+          cuda::launch_matmuls(ps1.data(), n);
+          // Prepared: the norm with the quantization, then the products told so.
+          np.y = dh2.p;
+          cuda::MatmulParams first = ps2[0];
+          first.pre_norm = &np;
+          ASSERT_TRUE(cuda::matmul_reads_q8_0(first)) << where;
+          ASSERT_TRUE(cuda::launch_matmul_producer(first)) << where;
+          ps2[0].x_prepared = true;
+          cuda::launch_matmuls(ps2.data(), n);
+          EXPECT_EQ(dh1.get(), dh2.get()) << where;
+          for (int i = 0; i < n; ++i) EXPECT_EQ(y1s[static_cast<size_t>(i)]->get(), y2s[static_cast<size_t>(i)]->get())
+                                          << where << " product " << i;
+        }
+  // BF16 weights read f32 rows rounded to bf16, not Q8_0 blocks: the flag is a caller's bug.
+  Dev<uint8_t> dw(random_weights(rng, GgmlType::BF16, 256, 8).bytes);
+  Dev<float> dx(random_floats(rng, 256)), dy(8), dact(256);
+  cuda::MatmulParams p = mat_params(GgmlType::BF16, dw.p, 256, 8, dx.p, 1, dy.p);
+  p.act_round = dact.p;
+  p.x_prepared = true;
+  EXPECT_FALSE(cuda::matmul_reads_q8_0(p));
+  EXPECT_ANY_THROW(cuda::launch_matmul(p));
+}
+
+// The attention merge's Q8_0 output (AttnParams::out_q8): quants and scales are the bits the
+// product's own quantization (quantize_q8_kernel, which launch_matmul runs for Q8_0 weights)
+// writes from the merge's f32 output; that output is the same with and without out_q8; and a
+// wo product that takes the blocks (x_prepared) equals one that quantizes. Decode and 3-token
+// batches, head dims 64 and 128, groups of 1 to 8, 1 to 16 live splits in grids of up to 64,
+// sinks, and a KV head whose V rows are zero (all-zero blocks: scale 0, quants 0). A prefill
+// batch (tiled kernels) or a head dim not a multiple of 32 fails before launching.
+TEST(CudaKernels, AttentionMergeWritesQ8_0OfItsOutput) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(61);
+  struct MergeCase {
+    int64_t n_tok, pos0, n_head, n_head_kv, hd, max_keys;
+    bool sinks;
+  };
+  const MergeCase cases[] = {
+      {1, 0, 8, 2, 64, 0, false},         // 1 key, one split
+      {1, 700, 32, 8, 128, 4096, false},  // 11 live splits in a grid of 64 (a token graph's)
+      {3, 300, 8, 1, 128, 0, false},      // group 8, queries across a split edge
+      {3, 1000, 16, 4, 64, 2048, true},   // 16 splits, sinks
+      {1, 130, 4, 4, 128, 0, false},      // group 1, 3 splits
+  };
+  for (const MergeCase& c : cases) {
+    const std::string where = "n_tok " + std::to_string(c.n_tok) + " pos0 " + std::to_string(c.pos0) + " heads " +
+                              std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " hd " +
+                              std::to_string(c.hd);
+    ASSERT_TRUE(cuda::attn_writes_q8_0(c.n_tok, c.hd, c.hd)) << where;
+    const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd, n_in = c.n_head * c.hd, n_x = c.n_tok * n_in;
+    const int64_t max_keys = c.max_keys ? c.max_keys : n_keys;
+    auto v = random_floats(rng, n_keys * kw);
+    for (int64_t j = 0; j < n_keys; ++j) std::fill_n(v.begin() + j * kw, c.hd, 0.0f);  // KV head 0's values
+    Dev<float> dq(random_floats(rng, n_x)), dk(random_floats(rng, n_keys * kw)), dv(v),
+        dsinks(random_floats(rng, c.n_head, 2.0f)), part(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd)),
+        out1(static_cast<size_t>(n_x)), out2(static_cast<size_t>(n_x)), dd8(static_cast<size_t>(n_x / 32));
+    Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
+    Dev<int8_t> dq8(std::vector<int8_t>(static_cast<size_t>(n_x), 0x55));
+    cuda::AttnParams p;
+    p.q = dq.p;
+    p.q_stride = n_in;
+    p.k = dk.p;
+    p.v = dv.p;
+    p.n_tok = c.n_tok;
+    p.pos = dpos.p;
+    p.max_keys = max_keys;
+    p.n_head = c.n_head;
+    p.n_head_kv = c.n_head_kv;
+    p.head_dim_k = p.head_dim_v = c.hd;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    p.sinks = c.sinks ? dsinks.p : nullptr;
+    p.partial = part.p;
+    p.out = out1.p;
+    cuda::launch_attention(p);
+    p.out = out2.p;
+    p.out_q8 = dq8.p;
+    p.out_d8 = dd8.p;
+    cuda::launch_attention(p);
+    EXPECT_EQ(out1.get(), out2.get()) << where;
+    // The product's own quantization of the merge's output, left in its act_round: the int8
+    // quants, then the f32 scales.
+    const int64_t n_out = 24;
+    Dev<uint8_t> dw(random_weights(rng, GgmlType::Q8_0, n_in, n_out).bytes);
+    Dev<float> act1(static_cast<size_t>(n_x)), act2(static_cast<size_t>(n_x)), y1(static_cast<size_t>(c.n_tok * n_out)),
+        y2(static_cast<size_t>(c.n_tok * n_out));
+    cuda::MatmulParams m = mat_params(GgmlType::Q8_0, dw.p, n_in, n_out, out2.p, c.n_tok, y1.p);
+    m.act_round = act1.p;
+    ASSERT_TRUE(cuda::matmul_reads_q8_0(m)) << where;
+    cuda::launch_matmul(m);
+    const auto a = act1.get();
+    std::vector<int8_t> q_ref(static_cast<size_t>(n_x));
+    std::vector<float> d_ref(static_cast<size_t>(n_x / 32));
+    std::memcpy(q_ref.data(), a.data(), q_ref.size());
+    std::memcpy(d_ref.data(), reinterpret_cast<const int8_t*>(a.data()) + n_x, d_ref.size() * sizeof(float));
+    EXPECT_EQ(dq8.get(), q_ref) << where;
+    EXPECT_EQ(dd8.get(), d_ref) << where;
+    // wo taking the merge's blocks as they lie in its act_round (cuda::q8_0_act).
+    m.act_round = act2.p;
+    const cuda::Q8_0Act blocks = cuda::q8_0_act(m);
+    ASSERT_EQ(cudaMemcpy(blocks.q, dq8.p, q_ref.size(), cudaMemcpyDeviceToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(blocks.d, dd8.p, d_ref.size() * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+    m.y = y2.p;
+    m.x_prepared = true;
+    cuda::launch_matmul(m);
+    EXPECT_EQ(y1.get(), y2.get()) << where;
+  }
+  // Shapes the merge cannot serve: the caller asked attn_writes_q8_0; launching anyway fails.
+  EXPECT_FALSE(cuda::attn_writes_q8_0(8, 64, 64));  // prefill: the tiled kernel, no merge
+  EXPECT_FALSE(cuda::attn_writes_q8_0(1, 48, 48));  // blocks would straddle heads
+  Dev<int32_t> dpos(std::vector<int32_t>{0});
+  Dev<float> dqkv(static_cast<size_t>(8 * 64)), dout(static_cast<size_t>(8 * 64)), dpart(size_t{4096}),
+      dd8(static_cast<size_t>(8 * 64 / 32));
+  Dev<int8_t> dq8(std::vector<int8_t>(8 * 64, 0));
+  for (const auto& [n_tok, hd] : {std::pair<int64_t, int64_t>{8, 64}, {1, 48}}) {
+    cuda::AttnParams p;
+    p.q = p.k = p.v = dqkv.p;
+    p.q_stride = hd;
+    p.out = dout.p;
+    p.n_tok = n_tok;
+    p.pos = dpos.p;
+    p.max_keys = n_tok;
+    p.n_head = p.n_head_kv = 1;
+    p.head_dim_k = p.head_dim_v = hd;
+    p.partial = dpart.p;
+    p.out_q8 = dq8.p;
+    p.out_d8 = dd8.p;
+    EXPECT_ANY_THROW(cuda::launch_attention(p)) << "n_tok " << n_tok << " hd " << hd;
+  }
 }
 
 // Two norms in one launch (a layer's per-head q and k norms, in place) write what two
