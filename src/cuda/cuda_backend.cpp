@@ -154,14 +154,16 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
     gu[0] = expert_params(d.gate_exps, h, n, k, moe_gu_.f(), F);
     gu[1] = expert_params(d.up_exps, h, n, k, moe_gu_.f() + S * F, F);
   }
-  // h = post_attention_layernorm(x): when the experts read h as Q8_0 blocks (Q4_0/Q8_0), the
-  // norm's kernel writes them too (one kernel fewer; Q8_0 rows are per token, as the slots'
-  // s / x_div reads them), into moe_h_q8_: the router's own preparation of h goes to act_.
+  // h = post_attention_layernorm(x): when the experts read h as Q8_0 blocks (Q4_0/Q8_0) or
+  // Q8_K blocks (Q4_K/Q6_K), the norm's kernel writes them too (one kernel fewer; the rows
+  // are per token, as the slots' s / x_div reads them), into moe_h_q8_: the router's own
+  // preparation of h goes to act_. Both of gate and up read blocks: moe_h_q8_ is sized for no
+  // other preparation (an up of another type would prepare h there after gate).
   if (pre_norm) {
     MatmulParams q8 = gu[0];
     q8.act_round = moe_h_q8_.f();
     q8.pre_norm = pre_norm;
-    if (!matmul_reads_q8_0(q8)) {
+    if (!matmul_reads_q8_blocks(q8) || (n_gu == 2 && !matmul_reads_q8_blocks(gu[1]))) {
       launch_norm(*pre_norm);
     } else if (launch_matmul_producer(q8)) {  // false: it ran the plain norm (rows it cannot fuse)
       for (int i = 0; i < n_gu; ++i) gu[i].act_round = moe_h_q8_.f();
@@ -317,8 +319,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     moe_y_.ensure(static_cast<size_t>(slots * hp.n_embd) * sizeof(float));
     moe_sh_y_.ensure(fl(hp.n_embd));
     moe_sh_g_.ensure(fl(1));
-    // h as Q8_0 blocks (int8 quants, f32 scale per 32) for the experts: moe_ffn.
-    moe_h_q8_.ensure(static_cast<size_t>(n_tok * hp.n_embd) + fl(hp.n_embd / 32));
+    // h as Q8_0 or Q8_K blocks for the experts: moe_ffn.
+    moe_h_q8_.ensure(matmul_q8_blocks_bytes(hp.n_embd, n_tok));
   }
   if (gdn_c > 0) {
     gdn_qkv_.ensure(fl(gdn_c));
@@ -741,7 +743,8 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   a.partial = partial_.f();
   a.stream = stream_;
   // The merge also writes the wo product's Q8_0 input (one quantize kernel fewer), where wo
-  // reads one and the merge can write it. Not under gated attention: wo reads the gated output.
+  // reads one and the merge can write it (Q8_0 only: matmul_reads_q8_0, not _q8_blocks; a
+  // Q4_K/Q6_K wo quantizes its own Q8_K). Not under gated attention: wo reads the gated output.
   const int64_t o_in = p.n_head * p.head_dim_v;
   const MatmulParams wo = matmul_params(d.wo, attn_.f(), o_in, o_.f(), E);
   const bool o_q8 = !p.attn_out_gate && attn_writes_q8_0(n, p.head_dim_k, p.head_dim_v) && matmul_reads_q8_0(wo);

@@ -185,8 +185,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the
   // shared expert's output and gate logit.
   DevBuf moe_logits_, moe_ids_, moe_w_, moe_gu_, moe_hidden_, moe_y_, moe_sh_y_, moe_sh_g_;
-  // h as Q8_0 blocks for Q4_0/Q8_0 experts, written with the FFN norm (moe_ffn): its own
-  // buffer, as the router's product between them prepares h in act_.
+  // h as Q8_0 blocks for Q4_0/Q8_0 experts, Q8_K blocks for Q4_K/Q6_K ones, written with the
+  // FFN norm (moe_ffn): its own buffer, as the router's product between them prepares h in act_.
   DevBuf moe_h_q8_;
   // Gated delta net: the q|k|v projection and its conv output, z, the raw beta|alpha, the
   // gates, the delta rule's output.

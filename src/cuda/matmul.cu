@@ -101,11 +101,26 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
 
 bool matmul_reads_q8_0(const MatmulParams& p) { return act_prep_for(p) == kActDp4a; }
 
+bool matmul_reads_q8_blocks(const MatmulParams& p) {
+  const ActRound kind = act_prep_for(p);
+  return kind == kActDp4a || kind == kActDp4aK;
+}
+
+size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok) {
+  const auto n = static_cast<size_t>(n_tok * n_in), rows = static_cast<size_t>(n_tok);
+  // q8_0_act: int8 quants, f32 scale per 32. q8k_act: int8 quants, f32 scale per 256, int32
+  // sum per 32.
+  const size_t q8_0 = n + rows * static_cast<size_t>(n_in / 32) * sizeof(float);
+  const size_t q8k = n + rows * static_cast<size_t>(n_in / 256) * sizeof(float) +
+                     rows * static_cast<size_t>(n_in / 32) * sizeof(int32_t);
+  return std::max(q8_0, q8k);
+}
+
 // The producer of x (launch_matmuls: ps[0]'s), fused with x's preparation when p's is a dp4a
 // quantization the fused kernels cover; true when act_round then holds x prepared.
 bool launch_matmul_producer(const MatmulParams& p) {
   FRINK_CUDA_CHECK(p.pre_norm || p.pre_glu ? cudaSuccess : cudaErrorInvalidValue);
-  const ActRound kind = act_prep_for(p);  // kActDp4a implies act_round is set (q8_0_act)
+  const ActRound kind = act_prep_for(p);  // kActDp4a(K) implies act_round is set (q8_0_act, q8k_act)
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
     FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
@@ -156,8 +171,8 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                          : cudaErrorInvalidValue);
     FRINK_CUDA_CHECK(i == 0 || (!p.pre_norm && !p.pre_glu && !p.x_prepared) ? cudaSuccess : cudaErrorInvalidValue);
   }
-  // x_prepared: x's producer wrote the Q8_0 blocks already (one producer of x, never two).
-  FRINK_CUDA_CHECK(!ps[0].x_prepared || (!ps[0].pre_norm && !ps[0].pre_glu && matmul_reads_q8_0(ps[0]))
+  // x_prepared: x's producer wrote the Q8_0 / Q8_K blocks already (one producer of x, never two).
+  FRINK_CUDA_CHECK(!ps[0].x_prepared || (!ps[0].pre_norm && !ps[0].pre_glu && matmul_reads_q8_blocks(ps[0]))
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   const bool first_ready =

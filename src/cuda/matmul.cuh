@@ -69,11 +69,12 @@ struct MatmulParams {
   // The same for a gated activation: x is pre_glu's output (out == x, [n_tok][n_in]), computed
   // in the kernel that quantizes it when the products' preparation is a dp4a one.
   const GluParams* pre_glu = nullptr;
-  // launch_matmuls only, first product: act_round ALREADY holds x as Q8_0 blocks in the dp4a
-  // layout (q8_0_act), written by x's producer (the attention merge: AttnParams::out_q8; a
-  // norm run alone: launch_matmul_producer), so the group starts without quantizing x. x
-  // must hold the f32 values too: later products of another preparation read them. Only
-  // where matmul_reads_q8_0(first product); otherwise, or with pre_norm / pre_glu, the launch
+  // launch_matmuls only, first product: act_round ALREADY holds x as the dp4a kernels read it
+  // (Q8_0 blocks, q8_0_act, or Q8_K blocks, matmul_parts.cuh q8k_act), written by x's
+  // producer (the attention merge, Q8_0 only: AttnParams::out_q8; a norm run alone:
+  // launch_matmul_producer), so the group starts without quantizing x. x must hold the f32
+  // values too: later products of another preparation read them. Only where
+  // matmul_reads_q8_blocks(first product); otherwise, or with pre_norm / pre_glu, the launch
   // fails (cudaErrorInvalidValue): the caller asked that predicate, so a mismatch is a bug.
   bool x_prepared = false;
   cudaStream_t stream = nullptr;
@@ -96,14 +97,21 @@ bool matmul_supported(int type);
 // are sized to what is left, at least one row per tile).
 size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok);
 void launch_matmul(const MatmulParams& p);
-// Whether product p (as the first of a launch_matmuls group) reads x as Q8_0 blocks from
-// act_round (q8_0_act): Q4_0/Q8_0 weights on the matrix-vector path, n_in % 32 == 0,
-// act_round set. The one test a producer asks before writing them there for x_prepared.
+// Whether product p (as the first of a launch_matmuls group) reads x from act_round as
+// blocks of a dp4a layout: Q8_0 (q8_0_act; Q4_0/Q8_0 weights on the matrix-vector path,
+// n_in % 32 == 0) or Q8_K (q8k_act; Q4_K/Q6_K there, n_in % 256 == 0), act_round set. The
+// test a producer asks before writing them there for x_prepared.
+bool matmul_reads_q8_blocks(const MatmulParams& p);
+// The Q8_0 case of it alone, for a producer that can write only Q8_0 blocks (the attention
+// merge: AttnParams::out_q8).
 bool matmul_reads_q8_0(const MatmulParams& p);
+// Bytes of act_round that x prepared for matmul_reads_q8_blocks products of n_tok rows of
+// n_in takes: the larger of the two layouts (a producer's buffer serving either).
+size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok);
 // p.pre_norm or p.pre_glu alone, as launch_matmuls runs it first: fused with x's
 // preparation for p when p's is a dp4a one the fused kernels cover. True when act_round then
 // holds x prepared for p (the products launched later with the producer cleared and
-// x_prepared set, when matmul_reads_q8_0(p)); false: only x was written.
+// x_prepared set, when matmul_reads_q8_blocks(p)); false: only x was written.
 bool launch_matmul_producer(const MatmulParams& p);
 // Several products of ONE input (the same x, x_stride, n_in, n_tok, act_round, scratch and
 // stream; q/k/v or gate/up): x is rounded (or quantized, or converted to f16) once for each

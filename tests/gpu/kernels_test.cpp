@@ -400,25 +400,33 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
 // x's producer, here launch_matmul_producer's fused norm, as a MoE layer's FFN norm runs ahead
 // of its router) gives the bits of the plain path, which quantizes x itself: one product; two
 // of the type and a Q5_0 one after them (another preparation: it reads x's f32 values); and
-// gate/up expert products in slot mode (x_div = k: the Q8_0 rows are per token). Q4_0 and
-// Q8_0, widths 4096 (one float4 slab a thread) and 1088 (threads past the row), 1 to 8 tokens.
-// A product that reads no Q8_0 blocks refuses the flag before launching anything.
+// gate/up expert products in slot mode (x_div = k: the Q8_0 / Q8_K rows are per token). Q4_0
+// and Q8_0 (Q8_0 blocks), Q4_K and Q6_K (Q8_K blocks), widths 4096 (one float4 slab a thread),
+// 2304 (nine 256-blocks; Q6_K rows of 1890 bytes: the direct kernel) and 1088 (threads past the
+// row; Q8_0 blocks only), 1 to 8 tokens. The moe_ffn buffer size (matmul_q8_blocks_bytes)
+// holds either layout. A product that reads no Q8 blocks refuses the flag before launching.
 TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(59);
   const int64_t n_expert = 4, k = 2;
   const std::vector<int32_t> ids = {2, 0, 3, 2, 1, 1, 0, 3, 2, 1, 3, 0, 1, 2, 3, 0};  // 8 tokens x k
   Dev<int32_t> dids(ids);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0})
-    for (int64_t n_in : {4096, 1088})
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+    for (int64_t n_in : {4096, 2304, 1088})
       for (int64_t n_tok : {1, 3, 8})
         for (int mode : {0, 1, 2}) {  // one product; two of t and a Q5_0 one; gate/up experts
+          if (n_in % ggml_type_info(t).block_elems != 0) continue;
           const int n = mode == 0 ? 1 : mode == 1 ? 3 : 2;
           const bool experts = mode == 2;
           const std::string where = std::string(ggml_type_name(t)) + " n_in " + std::to_string(n_in) + " n_tok " +
                                     std::to_string(n_tok) + " mode " + std::to_string(mode);
           const auto x = random_floats(rng, n_in * n_tok);
-          Dev<float> dx(x), dnw(random_floats(rng, n_in)), dh1(x.size()), dh2(x.size()), act1(x.size()), act2(x.size());
+          // act2 of the size moe_ffn gives its buffer (a Q5_0 product rounds x to f32 there: 4
+          // bytes an element).
+          const size_t q8_bytes = cuda::matmul_q8_blocks_bytes(n_in, n_tok);
+          ASSERT_LE(q8_bytes, x.size() * sizeof(float)) << where;
+          Dev<float> dx(x), dnw(random_floats(rng, n_in)), dh1(x.size()), dh2(x.size()), act1(x.size()),
+              act2(mode == 1 ? x.size() : (q8_bytes + sizeof(float) - 1) / sizeof(float));
           std::vector<std::unique_ptr<Dev<uint8_t>>> ws;
           std::vector<std::unique_ptr<Dev<float>>> y1s, y2s;
           std::vector<cuda::MatmulParams> ps1, ps2;
@@ -451,7 +459,8 @@ TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
           np.y = dh2.p;
           cuda::MatmulParams first = ps2[0];
           first.pre_norm = &np;
-          ASSERT_TRUE(cuda::matmul_reads_q8_0(first)) << where;
+          ASSERT_TRUE(cuda::matmul_reads_q8_blocks(first)) << where;
+          ASSERT_EQ(cuda::matmul_reads_q8_0(first), t == GgmlType::Q4_0 || t == GgmlType::Q8_0) << where;
           ASSERT_TRUE(cuda::launch_matmul_producer(first)) << where;
           ps2[0].x_prepared = true;
           cuda::launch_matmuls(ps2.data(), n);
@@ -459,13 +468,13 @@ TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
           for (int i = 0; i < n; ++i) EXPECT_EQ(y1s[static_cast<size_t>(i)]->get(), y2s[static_cast<size_t>(i)]->get())
                                           << where << " product " << i;
         }
-  // BF16 weights read f32 rows rounded to bf16, not Q8_0 blocks: the flag is a caller's bug.
+  // BF16 weights read f32 rows rounded to bf16, not Q8 blocks: the flag is a caller's bug.
   Dev<uint8_t> dw(random_weights(rng, GgmlType::BF16, 256, 8).bytes);
   Dev<float> dx(random_floats(rng, 256)), dy(8), dact(256);
   cuda::MatmulParams p = mat_params(GgmlType::BF16, dw.p, 256, 8, dx.p, 1, dy.p);
   p.act_round = dact.p;
   p.x_prepared = true;
-  EXPECT_FALSE(cuda::matmul_reads_q8_0(p));
+  EXPECT_FALSE(cuda::matmul_reads_q8_blocks(p));
   EXPECT_ANY_THROW(cuda::launch_matmul(p));
 }
 
