@@ -650,6 +650,44 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
 
   // h = self.input_layernorm(x)   (launched with the q/k/v products' activation preparation)
   const NormParams attn_norm = norm_params(d.attn_norm, x_.f(), h_.f(), n, E, E, ln);
+  // q = q_norm(q), k = k_norm(k) per head; apply_rotary_pos_emb(q, k, cos, sin); the new K/V
+  // rows into the mirror at pos0, and back to the host cache (landed by flush()). Described
+  // before the products: their store can run it (MatmulParams::rope, below).
+  const NormParams q_norm = norm_params(d.q_norm, q_.f(), q_.f(), n * p.n_head, p.head_dim_k, p.head_dim_k, false);
+  const NormParams k_norm = norm_params(d.k_norm, k_.f(), k_.f(), n * p.n_head_kv, p.head_dim_k, p.head_dim_k, false);
+  const bool roped = p.rope.kind != RopeKind::kNone;
+  RopeLaunch r;
+  r.n_tok = n;
+  r.head_dim = p.head_dim_k;
+  r.pos = pos_dev_;
+  r.n_rot = p.rope.n_rot;
+  r.neox = p.rope.kind == RopeKind::kNeox;
+  r.freq_base = p.rope.freq_base;
+  r.freq_scale = p.rope.freq_scale;
+  r.ext_factor = p.rope.ext_factor;
+  r.attn_factor = p.rope.attn_factor;
+  r.beta_fast = p.rope.beta_fast;
+  r.beta_slow = p.rope.beta_slow;
+  r.n_ctx_orig = p.rope.n_ctx_orig;
+  r.yarn_truncate = p.rope.yarn_truncate;
+  r.freq_factors = p.rope.use_freq_factors ? w_.rope_freqs : nullptr;
+  r.stream = stream_;
+  r.x = q_.f();
+  r.row_stride = q_w;
+  r.n_head = p.n_head;
+  r.x2 = k_.f();
+  r.row_stride2 = k_w;
+  r.n_head2 = p.n_head_kv;
+  r.v = v_.f();
+  r.v_width = v_w;
+  r.mirror_k = mirror.k_rows(0);
+  r.mirror_v = mirror.v_rows(0);
+  r.stage_k = dstage_.f() + pd.k_off;
+  r.stage_v = dstage_.f() + pd.v_off;
+  r.qk_norm = p.qk_norm;  // the norms in the rotation's launch (launch_rope)
+  r.norm_x = q_norm;
+  r.norm_x2 = k_norm;
+  bool rope_done = false;  // r ran in the q/k/v products' store
   // q, k, v = q_proj(h), k_proj(h), v_proj(h)   (or one fused projection, split)
   if (d.wqkv) {
     launch_norm(attn_norm);
@@ -668,6 +706,11 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_out, p.attn_out_gate ? 2 * q_w : q_w),
                            matmul_params(d.wk, h_.f(), E, k_.f(), k_w), matmul_params(d.wv, h_.f(), E, v_.f(), v_w)};
     qkv[0].pre_norm = &attn_norm;
+    // RoPE and the append in the products' store where it can (decode, adjacent pairs, no
+    // QK-norm: matmul_can_rope): one launch fewer per layer.
+    rope_done = roped && !p.attn_out_gate && matmul_can_rope(qkv, 3, r);
+    if (rope_done)
+      for (MatmulParams& m : qkv) m.rope = &r;
     launch_matmuls(qkv, 3);  // one rounding of h for all three
     if (p.attn_out_gate) {
       // query_states, gate = torch.chunk(q_proj(h).view(..., head_dim * 2), 2, dim=-1)
@@ -678,47 +721,12 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
                                          cudaMemcpyDeviceToDevice, stream_));
     }
   }
-  // q = q_norm(q), k = k_norm(k) per head; apply_rotary_pos_emb(q, k, cos, sin)
-  const NormParams q_norm = norm_params(d.q_norm, q_.f(), q_.f(), n * p.n_head, p.head_dim_k, p.head_dim_k, false);
-  const NormParams k_norm = norm_params(d.k_norm, k_.f(), k_.f(), n * p.n_head_kv, p.head_dim_k, p.head_dim_k, false);
-  if (p.qk_norm && p.rope.kind == RopeKind::kNone) launch_norm_pair(q_norm, k_norm);
-  if (p.rope.kind != RopeKind::kNone) {
-    RopeLaunch r;
-    r.n_tok = n;
-    r.head_dim = p.head_dim_k;
-    r.pos = pos_dev_;
-    r.n_rot = p.rope.n_rot;
-    r.neox = p.rope.kind == RopeKind::kNeox;
-    r.freq_base = p.rope.freq_base;
-    r.freq_scale = p.rope.freq_scale;
-    r.ext_factor = p.rope.ext_factor;
-    r.attn_factor = p.rope.attn_factor;
-    r.beta_fast = p.rope.beta_fast;
-    r.beta_slow = p.rope.beta_slow;
-    r.n_ctx_orig = p.rope.n_ctx_orig;
-    r.yarn_truncate = p.rope.yarn_truncate;
-    r.freq_factors = p.rope.use_freq_factors ? w_.rope_freqs : nullptr;
-    r.stream = stream_;
-    r.x = q_.f();
-    r.row_stride = q_w;
-    r.n_head = p.n_head;
-    r.x2 = k_.f();
-    r.row_stride2 = k_w;
-    r.n_head2 = p.n_head_kv;
-    // The new rows: into the mirror at pos0, and back to the host cache (landed by flush()).
-    r.v = v_.f();
-    r.v_width = v_w;
-    r.mirror_k = mirror.k_rows(0);
-    r.mirror_v = mirror.v_rows(0);
-    r.stage_k = dstage_.f() + pd.k_off;
-    r.stage_v = dstage_.f() + pd.v_off;
-    r.qk_norm = p.qk_norm;  // the norms in the rotation's launch (launch_rope)
-    r.norm_x = q_norm;
-    r.norm_x2 = k_norm;
-    launch_rope(r);
-  } else {
+  if (p.qk_norm && !roped) launch_norm_pair(q_norm, k_norm);
+  if (!roped) {
     launch_kv_append(k_.f(), v_.f(), k_w, v_w, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), dstage_.f() + pd.k_off,
                      dstage_.f() + pd.v_off, stream_);
+  } else if (!rope_done) {
+    launch_rope(r);
   }
 
   // attn_output = softmax(q k^T * scale + mask) v, against the mirror rows [0, pos0 + t]

@@ -35,6 +35,18 @@ bool streams(const MatmulParams& p, ActRound kind) {
   return family && staged_ok(p);
 }
 
+// Whether dispatch runs p on the stream kernel: streams() of p as dispatch hands it on (F16 and
+// BF16 on the matrix-vector path read x's rounded copy in act_round when there is one).
+bool on_stream_kernel(const MatmulParams& p) {
+  const ActRound kind = act_prep_for(p);
+  MatmulParams q = p;
+  if ((kind == kActF16 || kind == kActBF16) && takes_matvec(p)) {
+    q.x = p.act_round;
+    q.x_stride = p.n_in;
+  }
+  return streams(q, kind);
+}
+
 // Products ps[0, n) of one type and one activation preparation (n > 1 only when all stream).
 // x_ready: the previous product of the group prepared x the same way (kind, path, 16-bit
 // format), so the act_round buffer holds it (on the cuBLAS path: the 16-bit copy of x in the
@@ -154,7 +166,41 @@ bool launch_matmul_producer(const MatmulParams& p) {
   return false;
 }
 
+bool matmul_can_rope(const MatmulParams* ps, int n, const RopeLaunch& r) {
+  if (r.neox || r.qk_norm || !r.pos || !r.x || !r.x2 || !r.v || !r.mirror_k || !r.mirror_v || !r.stage_k ||
+      !r.stage_v || r.head_dim % 2 != 0 || r.n_rot <= 0 || r.n_rot % 2 != 0 || r.n_rot > r.head_dim)
+    return false;
+  const auto bit = [](RopeRole role) { return 1u << static_cast<int>(role); };
+  unsigned seen = 0;  // the roles found
+  for (int i = 0; i < n; ++i) {
+    const MatmulParams& p = ps[i];
+    const RopeRole role = rope_role(r, p);
+    if (role == RopeRole::kNone) continue;
+    const int64_t width = role == RopeRole::kQ ? r.n_head * r.head_dim
+                          : role == RopeRole::kK ? r.n_head2 * r.head_dim
+                                                 : r.v_width;
+    const int64_t stride = role == RopeRole::kQ ? r.row_stride : role == RopeRole::kK ? r.row_stride2 : r.v_width;
+    if ((seen & bit(role)) != 0 || p.n_out != width || p.y_stride != stride || p.n_tok != r.n_tok ||
+        p.n_tok > kMatvecMaxTok || p.slot_expert || p.stream != r.stream || !on_stream_kernel(p))
+      return false;
+    seen |= bit(role);
+  }
+  return seen == (bit(RopeRole::kQ) | bit(RopeRole::kK) | bit(RopeRole::kV));
+}
+
+// MatmulParams::rope as the caller must set it: on each product of r (one r), where
+// matmul_can_rope holds.
+static bool rope_marks_ok(const MatmulParams* ps, int n) {
+  const RopeLaunch* r = nullptr;
+  for (int i = 0; i < n; ++i) r = ps[i].rope ? ps[i].rope : r;
+  if (!r) return true;
+  for (int i = 0; i < n; ++i)
+    if (ps[i].rope != (rope_role(*r, ps[i]) != RopeRole::kNone ? r : nullptr)) return false;
+  return matmul_can_rope(ps, n, *r);
+}
+
 void launch_matmuls(const MatmulParams* ps, int n) {
+  FRINK_CUDA_CHECK(rope_marks_ok(ps, n) ? cudaSuccess : cudaErrorInvalidValue);
   ActRound prev = kActNone;
   int prev_copy16 = 0;
   bool prev_matvec = false;

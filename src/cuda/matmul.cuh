@@ -16,6 +16,8 @@
 
 namespace frink::cuda {
 
+struct RopeLaunch;  // rope.cuh
+
 inline constexpr int64_t kMatvecMaxTok = 8;
 
 struct MatmulParams {
@@ -62,6 +64,12 @@ struct MatmulParams {
   // Stream kernel for Q4_0: one lane per block pair (matvec.cu, kQ4_0Pairs; -1 or 1, the
   // default: 8B tg128 309.6 -> 316.5 on the H200) or, 0, two lanes per block (tests compare).
   int q4_0_pairs = -1;
+  // Decode q/k/v products with RoPE (set on each of the three, only where matmul_can_rope says
+  // so): this product writes r's q (y == r.x), k (y == r.x2) or v (y == r.v), and its store
+  // applies r as launch_rope(r) after the products would, the same bits: q and k row pairs
+  // rotated, k and v rows appended to the mirror and staging rows. The caller then skips
+  // launch_rope. Why: that launch was 3.9 us of an 8B decode layer (ncu, H200), ~4% of a token.
+  const RopeLaunch* rope = nullptr;
   // launch_matmuls only, first product: x is first computed as this norm's output (pre_norm->y
   // == x, its rows and width x's), in the same launch as x's preparation for the dp4a kernels
   // when that is what the products need (one kernel fewer per norm and product group).
@@ -117,5 +125,13 @@ bool launch_matmul_producer(const MatmulParams& p);
 // stream; q/k/v or gate/up): x is rounded (or quantized, or converted to f16) once for each
 // run of products that need the same form, not once per product.
 void launch_matmuls(const MatmulParams* ps, int n);
+// Whether launch_matmuls(ps, n) can apply r in the stores of the products r names
+// (MatmulParams::rope): adjacent-pair RoPE (not neox) without QK-norm, with the K/V append
+// (mirror_k and v set), even head_dim and n_rot <= head_dim, and ps holding r's q, k and v
+// products (y at r's x, x2, v; widths and strides r's, the mirror's rows as wide as k's and
+// v's) each on the decode stream kernel (n_tok <= kMatvecMaxTok, no experts, staged rows of
+// its types). False (prefill, cuBLAS, unstaged rows, other kernel families, neox, QK-norm):
+// the products without it, then launch_rope(r), as before.
+bool matmul_can_rope(const MatmulParams* ps, int n, const RopeLaunch& r);
 
 }  // namespace frink::cuda

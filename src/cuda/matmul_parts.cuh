@@ -8,6 +8,7 @@
 
 #include "cuda/dequant.cuh"
 #include "cuda/matmul.cuh"
+#include "cuda/rope.cuh"
 
 namespace frink::cuda::mm {
 
@@ -60,6 +61,12 @@ __device__ __forceinline__ float epilogue(const Args& a, int64_t row, float v) {
   return v * a.scale + b;
 }
 
+// What y[t][row] becomes for the reduced sum v: the epilogue, plus the residual. Read before
+// y is written: they may be the same element.
+__device__ __forceinline__ float final_value(const Args& a, int64_t row, int t, float v) {
+  return a.residual ? epilogue(a, row, v) + a.residual[t * a.y_stride + row] : epilogue(a, row, v);
+}
+
 // The end of every matrix-vector kernel: a warp's NT partial sums of one row, reduced across
 // the lanes, through the epilogue into y.
 template <int NT>
@@ -67,11 +74,7 @@ __device__ __forceinline__ void store_row(const Args& a, int64_t row, const floa
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float v = warp_sum(acc[t]);
-    if (threadIdx.x % 32 == 0) {
-      float* y = a.y + t * a.y_stride + row;
-      // The residual read before y is written: they may be the same element.
-      *y = a.residual ? epilogue(a, row, v) + a.residual[t * a.y_stride + row] : epilogue(a, row, v);
-    }
+    if (threadIdx.x % 32 == 0) a.y[t * a.y_stride + row] = final_value(a, row, t, v);
   }
 }
 
@@ -163,6 +166,13 @@ struct StagedAct {
 
 // Products of one input a stream launch holds at most (q/k/v).
 constexpr int kMaxSegs = 3;
+
+// Which of r's tensors product p writes (MatmulParams::rope), told by its output buffer.
+enum class RopeRole { kNone, kQ, kK, kV };
+inline RopeRole rope_role(const RopeLaunch& r, const MatmulParams& p) {
+  if (!p.y) return RopeRole::kNone;
+  return p.y == r.x ? RopeRole::kQ : p.y == r.x2 ? RopeRole::kK : p.y == r.v ? RopeRole::kV : RopeRole::kNone;
+}
 
 // act_prep.cu: x rounded to the host's activation format (kind), or quantized for the dp4a
 // kernels (xq int8 [n_tok][n_in] then xd f32 [n_tok][n_in / 32]; Q8_K as Q8KAct).

@@ -19,11 +19,14 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <type_traits>
+
 #include <cuda_pipeline.h>
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/rope_math.cuh"
 
 namespace frink::cuda::mm {
 
@@ -390,18 +393,27 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
 constexpr int kSRows = 2;   // rows per item (their activation loads shared, see blocks_dot)
 constexpr int kStages = 2;  // items per warp in shared memory: kStages - 1 in flight
 
+// MatmulParams::rope as a stream launch applies it (the kernel's Rope store): per product of
+// the launch, whether its row pairs rotate (q, k) and where its rows are appended (k, v: the
+// mirror's row *pos + token and the batch's staging row; rows as wide as the product's n_out).
+struct StreamRope {
+  RopeFreq f;
+  const int32_t* pos;
+  int64_t t0;  // the launch's first token of the batch
+  int64_t head_dim, n_rot;
+  bool rotate[kMaxSegs];
+  float* mirror[kMaxSegs];
+  float* stage[kMaxSegs];
+};
+
 struct Segs {
   Args a[kMaxSegs];
   int64_t g_end[kMaxSegs];  // end of each product's row pairs in the launch's index space
   int n;
+  StreamRope rope;
 };
 
-// KS warps of a block share a row pair (KS = 1, 2 or 4), each walking every KS-th chunk of
-// its rows, and their partial sums meet in shared memory. Why: ncu showed the 8B Q4_0 down
-// product (7 chunks a row) at 16 us even with its 33 MB in L2, at 24% occupancy: 2048 warps,
-// one per row pair, each walking its chunks one after another. KS > 1 runs one row pair per
-// warp group (the launch sizes the grid so), as the block meets one barrier at the end.
-template <int T, int NT, int KS>
+template <int T, int NT, int KS, bool Rope = false>
 __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, StagedAct x) {
   static_assert(KS == 1 || KS == 2 || KS == 4, "warps per row pair");
   constexpr int kChunk = Staged<T>::kChunk;
@@ -483,6 +495,45 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
       store_row<NT>(a, row0 + r, v);
     }
   };
+  // Rope (MatmulParams::rope; never experts): the pair's final values (store_row's) rotated
+  // when the rows are a rotation pair (adjacent-pair RoPE: rows 2i, 2i + 1 of a head, 2i <
+  // n_rot; kSRows == 2 and even row0 make every pair one), stored, and appended for k and v,
+  // as launch_rope after the products would: the same bits (rope_math.cuh). Lane t takes
+  // token t; v as store_row takes it (lane partials, summed here).
+  auto store_rope = [&](int seg, int64_t row0, const float (&v)[kSRows][NT]) {
+    static_assert(kSRows == 2, "a row pair is a rotation pair");
+    float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float s0 = warp_sum(v[0][t]), s1 = warp_sum(v[1][t]);
+      if (lane == t) y0 = s0, y1 = s1;
+    }
+    const Args& a = sg.a[seg];
+    const StreamRope& rp = sg.rope;
+    const int t = lane;
+    if (t >= NT || row0 >= a.n_out) return;
+    const bool two = row0 + 1 < a.n_out;  // false only on an odd-width product (v), never rotated
+    y0 = final_value(a, row0, t, y0);
+    if (two) y1 = final_value(a, row0 + 1, t, y1);
+    const int64_t pos = *rp.pos + rp.t0 + t, i0 = row0 % rp.head_dim;
+    if (rp.rotate[seg] && i0 < rp.n_rot) {
+      const float2 r = rope_rotate(y0, y1, rope_cos_sin(rp.f, pos, i0 / 2));
+      y0 = r.x;
+      y1 = r.y;
+    }
+    // y, then (k, v) the mirror's and the staging rows.
+    float* out[3] = {a.y + t * a.y_stride + row0, nullptr, nullptr};
+    if (rp.mirror[seg]) {
+      out[1] = rp.mirror[seg] + pos * a.n_out + row0;
+      out[2] = rp.stage[seg] + (rp.t0 + t) * a.n_out + row0;
+    }
+#pragma unroll
+    for (float* o : out)
+      if (o) {
+        o[0] = y0;
+        if (two) o[1] = y1;
+      }
+  };
   float acc[kSRows][NT];
 #pragma unroll
   for (int r = 0; r < kSRows; ++r)
@@ -509,9 +560,10 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
       if (c == n_chunks - 1) {
         int64_t row0;
         const int seg = locate(wg + (it / n_chunks) * n_warps, row0);
+        if constexpr (Rope) store_rope(seg, row0, acc);
 #pragma unroll
         for (int r = 0; r < kSRows; ++r) {
-          store(seg, row0, r, acc[r]);
+          if constexpr (!Rope) store(seg, row0, r, acc[r]);
 #pragma unroll
           for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
         }
@@ -533,18 +585,19 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
     if (part == 0 && wg < n_groups) {
       int64_t row0;
       const int seg = locate(wg, row0);
+      float v[kSRows][NT];
 #pragma unroll
       for (int r = 0; r < kSRows; ++r) {
-        float v[NT];
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          v[t] = red[warp][r][t];
+          v[r][t] = red[warp][r][t];
 #pragma unroll
-          for (int j = 1; j < KS; ++j) v[t] += red[warp + j][r][t];
-          v[t] = lane == 0 ? v[t] : 0.0f;  // store_row sums over the lanes: lane 0 carries the value
+          for (int j = 1; j < KS; ++j) v[r][t] += red[warp + j][r][t];
+          v[r][t] = lane == 0 ? v[r][t] : 0.0f;  // store_row sums over the lanes: lane 0 carries the value
         }
-        store(seg, row0, r, v);
+        if constexpr (!Rope) store(seg, row0, r, v[r]);
       }
+      if constexpr (Rope) store_rope(seg, row0, v);
     }
   }
 }
@@ -568,6 +621,26 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   for (int t = 0; t < NT; ++t) acc[0][t] = 0.0f;
   blocks_dot<T, NT, 1>(a, x, a.w + row * a.row_bytes, 0, 0, static_cast<int>(a.n_in / Staged<T>::kBlockElems), acc);
   store_row<NT>(a, row, acc[0]);
+}
+
+// MatmulParams::rope for the products ps[0, n) of one stream launch (launch_matmuls checked
+// it: matmul_can_rope); pos null when none carries it.
+StreamRope stream_rope(const MatmulParams* ps, int n) {
+  StreamRope s{};
+  const RopeLaunch* r = nullptr;
+  for (int i = 0; i < n; ++i) r = ps[i].rope ? ps[i].rope : r;
+  if (!r) return s;
+  s.f = rope_freq(*r);
+  s.pos = r->pos;
+  s.head_dim = r->head_dim;
+  s.n_rot = r->n_rot;
+  for (int i = 0; i < n; ++i) {
+    const RopeRole role = ps[i].rope ? rope_role(*r, ps[i]) : RopeRole::kNone;
+    s.rotate[i] = role == RopeRole::kQ || role == RopeRole::kK;
+    s.mirror[i] = role == RopeRole::kK ? r->mirror_k : role == RopeRole::kV ? r->mirror_v : nullptr;
+    s.stage[i] = role == RopeRole::kK ? r->stage_k : role == RopeRole::kV ? r->stage_v : nullptr;
+  }
+  return s;
 }
 
 // The activation of launch rows from t0 on.
@@ -622,6 +695,8 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       matvec_stream_launch<kQ4_0Pairs>(ps, n, x0);
       return;
     }
+  const StreamRope rope = stream_rope(ps, n);  // matmul_can_rope held: staged rows
+  FRINK_CUDA_CHECK(!rope.pos || staged ? cudaSuccess : cudaErrorInvalidValue);
   if (!staged) {
     // Plain types without staging take matvec_kernel (dispatch); kQ4_0Pairs needs the staged
     // chunk's 4-byte alignment, and is only chosen with staged rows.
@@ -639,6 +714,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   }
   Segs sg{};
   sg.n = n;
+  sg.rope = rope;
   int64_t groups = 0;
   for (int i = 0; i < n; ++i) {
     sg.a[i] = args_of(ps[i]);
@@ -656,15 +732,22 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     StagedAct x = act_at<T>(x0, t0, p.n_in);
     if constexpr (Staged<T>::kPlain) x.x = s.a[0].x;
     const dim3 b(kSWarps * 32);
-    if (ks == 1) {
-      if (four) launch_dependent(matvec_stream_kernel<T, 4, 1>, g, b, p.stream, s, x);
-      else launch_dependent(matvec_stream_kernel<T, 1, 1>, g, b, p.stream, s, x);
-    } else if (ks == 2) {
-      if (four) launch_dependent(matvec_stream_kernel<T, 4, 2>, g, b, p.stream, s, x);
-      else launch_dependent(matvec_stream_kernel<T, 1, 2>, g, b, p.stream, s, x);
+    // The kernel for (NT, KS, Rope) as template arguments from the runtime choice.
+    auto go = [&](auto nt, auto rope) {
+      constexpr int NT = decltype(nt)::value;
+      constexpr bool R = decltype(rope)::value;
+      if (ks == 1) launch_dependent(matvec_stream_kernel<T, NT, 1, R>, g, b, p.stream, s, x);
+      else if (ks == 2) launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, p.stream, s, x);
+      else launch_dependent(matvec_stream_kernel<T, NT, 4, R>, g, b, p.stream, s, x);
+    };
+    using One = std::integral_constant<int, 1>;
+    using Four = std::integral_constant<int, 4>;
+    if (s.rope.pos) {
+      if (four) go(Four{}, std::true_type{});
+      else go(One{}, std::true_type{});
     } else {
-      if (four) launch_dependent(matvec_stream_kernel<T, 4, 4>, g, b, p.stream, s, x);
-      else launch_dependent(matvec_stream_kernel<T, 1, 4>, g, b, p.stream, s, x);
+      if (four) go(Four{}, std::false_type{});
+      else go(One{}, std::false_type{});
     }
   };
   if (p.slot_expert) {
@@ -680,6 +763,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     const bool four = p.n_tok - t0 >= 4;
     Segs s = sg;
     for (int i = 0; i < n; ++i) s.a[i] = args_at(ps[i], sg.a[i], t0);
+    s.rope.t0 = t0;
     launch(s, dim3(grid_x), t0, four);
     t0 += four ? 4 : 1;
   }

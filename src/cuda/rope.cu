@@ -1,22 +1,16 @@
-// One thread per rotated pair. The angle is built exactly as the host (and ggml's
-// rope_cache_init) builds it: theta = pos, multiplied by theta_scale once per earlier pair
-// in float, so device and host angles round identically (a direct pow() differs by enough
-// ulps to move sin/cos at positions in the thousands).
+// One thread per rotated pair; the pair's angle and rotation are rope_math.cuh's (shared with
+// the q/k/v products' fused rotation, MatmulParams::rope).
 #include "cuda/rope.cuh"
 
 #include <cmath>
 
 #include "cuda/cuda_check.h"
 #include "cuda/norm_row.cuh"
+#include "cuda/rope_math.cuh"
 
 namespace frink::cuda {
 
 namespace {
-
-__device__ float yarn_ramp(float low, float high, int i0) {
-  const float y = (i0 / 2 - low) / fmaxf(0.001f, high - low);
-  return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
-}
 
 // The append's share of the index space (after the pairs): K elements the rotation does not
 // write (dims n_rot.. of each head), then V, row by row.
@@ -38,46 +32,32 @@ __device__ void append_unrotated(const RopeLaunch& p, int64_t j) {
 
 // Pair `pair` of head hh (x's heads, then x2's) of token t: rotated in place, and K's also
 // appended (mirror_k set).
-__device__ __forceinline__ void rotate_pair(const RopeLaunch& p, int64_t t, int64_t hh, int64_t pair, float theta_scale,
-                                            float corr0, float corr1) {
+__device__ __forceinline__ void rotate_pair(const RopeLaunch& p, int64_t t, int64_t hh, int64_t pair,
+                                            const RopeFreq& f) {
   const bool second = hh >= p.n_head;  // heads of x2 follow those of x
   const int64_t h = second ? hh - p.n_head : hh;
-  const int i0 = static_cast<int>(2 * pair);
-  float theta_base = static_cast<float>(*p.pos + t);
-  for (int64_t k = 0; k < pair; ++k) theta_base *= theta_scale;
-  const float ff = p.freq_factors ? p.freq_factors[pair] : 1.0f;
-  const float theta_extrap = theta_base / ff;
-  const float theta_interp = p.freq_scale * theta_extrap;
-  float theta = theta_interp, mscale = p.attn_factor;
-  if (p.ext_factor != 0.0f) {
-    const float mix = yarn_ramp(corr0, corr1, i0) * p.ext_factor;
-    theta = theta_interp * (1 - mix) + theta_extrap * mix;
-    mscale *= 1.0f + 0.1f * logf(1.0f / p.freq_scale);
-  }
-  const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
   float* v = second ? p.x2 + t * p.row_stride2 + h * p.head_dim : p.x + t * p.row_stride + h * p.head_dim;
-  const int64_t a = p.neox ? pair : i0, b = p.neox ? pair + p.n_rot / 2 : i0 + 1;
-  const float x0 = v[a], x1 = v[b];
-  const float ya = x0 * c - x1 * s, yb = x0 * s + x1 * c;
-  v[a] = ya;
-  v[b] = yb;
+  const int64_t a = p.neox ? pair : 2 * pair, b = p.neox ? pair + p.n_rot / 2 : 2 * pair + 1;
+  const float2 y = rope_rotate(v[a], v[b], rope_cos_sin(f, *p.pos + t, pair));
+  v[a] = y.x;
+  v[b] = y.y;
   if (second && p.mirror_k) {
     const int64_t k_w = p.n_head2 * p.head_dim, col = h * p.head_dim, row = (*p.pos + t) * k_w;
-    p.mirror_k[row + col + a] = ya;
-    p.mirror_k[row + col + b] = yb;
-    p.stage_k[t * k_w + col + a] = ya;
-    p.stage_k[t * k_w + col + b] = yb;
+    p.mirror_k[row + col + a] = y.x;
+    p.mirror_k[row + col + b] = y.y;
+    p.stage_k[t * k_w + col + a] = y.x;
+    p.stage_k[t * k_w + col + b] = y.y;
   }
 }
 
-__global__ void rope_kernel(RopeLaunch p, float theta_scale, float corr0, float corr1) {
+__global__ void rope_kernel(RopeLaunch p, RopeFreq f) {
   const int64_t n_pairs = p.n_rot / 2, heads = p.n_head + p.n_head2;
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i >= p.n_tok * heads * n_pairs) {
     if (p.mirror_k) append_unrotated(p, i - p.n_tok * heads * n_pairs);
     return;
   }
-  rotate_pair(p, i / (n_pairs * heads), (i / n_pairs) % heads, i % n_pairs, theta_scale, corr0, corr1);
+  rotate_pair(p, i / (n_pairs * heads), (i / n_pairs) % heads, i % n_pairs, f);
 }
 
 // QK-norm with the rotation (RopeLaunch::qk_norm): one block per (token, head) row normed by
@@ -87,8 +67,7 @@ __global__ void rope_kernel(RopeLaunch p, float theta_scale, float corr0, float 
 // normed only once this block has run (appended by other blocks, they raced the norm: qwen3.5
 // NMSE 0.23). Blocks past the rows append V. One launch where qwen3-style layers ran two
 // (norm pair 2.7 us + RoPE 3.4 us of a 76 us qwen3-30b-a3b layer).
-__global__ void __launch_bounds__(kNormMaxThreads) rope_norm_kernel(RopeLaunch p, float theta_scale, float corr0,
-                                                                     float corr1) {
+__global__ void __launch_bounds__(kNormMaxThreads) rope_norm_kernel(RopeLaunch p, RopeFreq f) {
   const int64_t heads = p.n_head + p.n_head2, rows = p.n_tok * heads;
   if (blockIdx.x >= rows) {
     const int64_t j = (blockIdx.x - rows) * int64_t{blockDim.x} + threadIdx.x;  // V element j of the batch
@@ -102,7 +81,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) rope_norm_kernel(RopeLaunch p
   else norm_vec_row(p.norm_x2, o, t * p.n_head2 + hh - p.n_head);
   __syncthreads();
   for (int64_t pair = threadIdx.x; pair < p.n_rot / 2; pair += blockDim.x)
-    rotate_pair(p, t, hh, pair, theta_scale, corr0, corr1);
+    rotate_pair(p, t, hh, pair, f);
   if (hh >= p.n_head && p.mirror_k) {
     const int64_t k_w = p.n_head2 * p.head_dim, col = (hh - p.n_head) * p.head_dim;
     for (int64_t c = p.n_rot + threadIdx.x; c < p.head_dim; c += blockDim.x)
@@ -126,6 +105,23 @@ static bool norm_fuses(const RopeLaunch& p) {
   return p.x2 && fits(p.norm_x, p.x, p.row_stride, p.n_head) && fits(p.norm_x2, p.x2, p.row_stride2, p.n_head2);
 }
 
+RopeFreq rope_freq(const RopeLaunch& p) {
+  RopeFreq f;
+  f.theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
+  f.freq_scale = p.freq_scale;
+  f.ext_factor = p.ext_factor;
+  f.attn_factor = p.attn_factor;
+  f.freq_factors = p.freq_factors;
+  if (p.ext_factor != 0.0f) {
+    f.corr0 = corr_dim(p.n_rot, p.n_ctx_orig, p.beta_fast, p.freq_base);
+    f.corr1 = corr_dim(p.n_rot, p.n_ctx_orig, p.beta_slow, p.freq_base);
+    if (p.yarn_truncate) f.corr0 = std::floor(f.corr0), f.corr1 = std::ceil(f.corr1);  // as the host's rope
+    f.corr0 = std::fmax(0.0f, f.corr0);
+    f.corr1 = std::fmin(static_cast<float>(p.n_rot - 1), f.corr1);
+  }
+  return f;
+}
+
 void launch_rope(const RopeLaunch& p) {
   const int64_t n_append = p.mirror_k ? p.n_tok * (p.n_head2 * p.head_dim + p.v_width) : 0;
   const int64_t n = p.n_tok * (p.n_head + p.n_head2) * (p.n_rot / 2) + n_append;
@@ -137,22 +133,14 @@ void launch_rope(const RopeLaunch& p) {
     return;
   }
   if (n == 0) return;
-  float corr0 = 0, corr1 = 0;
-  if (p.ext_factor != 0.0f) {
-    corr0 = corr_dim(p.n_rot, p.n_ctx_orig, p.beta_fast, p.freq_base);
-    corr1 = corr_dim(p.n_rot, p.n_ctx_orig, p.beta_slow, p.freq_base);
-    if (p.yarn_truncate) corr0 = std::floor(corr0), corr1 = std::ceil(corr1);  // as the host's rope
-    corr0 = std::fmax(0.0f, corr0);
-    corr1 = std::fmin(static_cast<float>(p.n_rot - 1), corr1);
-  }
-  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
+  const RopeFreq f = rope_freq(p);
   if (p.qk_norm) {
     const int64_t threads = norm_vec_threads(p.head_dim), rows = p.n_tok * (p.n_head + p.n_head2);
     const int64_t v_blocks = p.mirror_k ? (p.n_tok * p.v_width + threads - 1) / threads : 0;
     rope_norm_kernel<<<static_cast<unsigned>(rows + v_blocks), static_cast<unsigned>(threads), 0,
-                       p.stream>>>(p, theta_scale, corr0, corr1);
+                       p.stream>>>(p, f);
   } else {
-    rope_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, p.stream>>>(p, theta_scale, corr0, corr1);
+    rope_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, p.stream>>>(p, f);
   }
   FRINK_CUDA_CHECK_LAUNCH();
 }

@@ -46,4 +46,15 @@ struct RopeLaunch {
 
 void launch_rope(const RopeLaunch& p);
 
+// What a pair's angle needs besides its position (rope_math.cuh reads only this), derived on
+// the host once per launch from a RopeLaunch by rope_freq: launch_rope and the q/k/v
+// products' fused rotation (MatmulParams::rope) take the same values.
+struct RopeFreq {
+  float theta_scale = 1.0f;  // freq_base^(-2 / n_rot)
+  float freq_scale = 1.0f, ext_factor = 0.0f, attn_factor = 1.0f;
+  float corr0 = 0.0f, corr1 = 0.0f;     // YaRN ramp ends (ext_factor != 0)
+  const float* freq_factors = nullptr;  // [n_rot/2] divisors, or null
+};
+RopeFreq rope_freq(const RopeLaunch& p);
+
 }  // namespace frink::cuda

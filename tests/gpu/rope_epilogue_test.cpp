@@ -1,0 +1,233 @@
+// RoPE and the K/V append in the q/k/v products' store (MatmulParams::rope) against the
+// launches they replace: the products, then launch_rope with the append. Bit for bit: both
+// store the same product values (store_row's epilogue) and rotate them with rope_math.cuh.
+// The predicate (matmul_can_rope) is checked without a device: it reads no device memory.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu_support.h"
+
+#ifdef FRINK_HAVE_CUDA
+#include "cuda/matmul.cuh"
+#include "cuda/norm.cuh"
+#include "cuda/rope.cuh"
+#include "quant/ggml_type.h"
+#include "quant/random_blocks.h"
+
+namespace frink::test {
+namespace {
+
+// The layer's shape: n_head query heads, n_head_kv K/V heads of head_dim, n_in inputs.
+struct Shape {
+  int64_t n_in, n_head, n_head_kv, head_dim, n_rot;
+};
+
+// p for W (type t) times x [n_tok][n_in] into y [n_tok][n_out].
+cuda::MatmulParams product(GgmlType t, const void* w, const Shape& s, int64_t n_out, const float* x, int64_t n_tok,
+                           float* y, float* act) {
+  cuda::MatmulParams p;
+  p.type = static_cast<int>(t);
+  p.w = w;
+  p.row_bytes = ggml_row_bytes(t, s.n_in);
+  p.n_in = s.n_in;
+  p.n_out = n_out;
+  p.x = x;
+  p.x_stride = s.n_in;
+  p.y = y;
+  p.y_stride = n_out;
+  p.n_tok = n_tok;
+  p.act_round = act;
+  return p;
+}
+
+// r over q/k/v buffers of s's shape, appending to the mirror and staging buffers.
+cuda::RopeLaunch rope_of(const Shape& s, int64_t n_tok, const int32_t* pos, float* q, float* k, float* v, float* mk,
+                         float* mv, float* sk, float* sv) {
+  cuda::RopeLaunch r;
+  r.x = q;
+  r.row_stride = s.n_head * s.head_dim;
+  r.n_tok = n_tok;
+  r.n_head = s.n_head;
+  r.head_dim = s.head_dim;
+  r.x2 = k;
+  r.row_stride2 = s.n_head_kv * s.head_dim;
+  r.n_head2 = s.n_head_kv;
+  r.pos = pos;
+  r.n_rot = s.n_rot;
+  r.freq_base = 500000.0f;
+  r.v = v;
+  r.v_width = s.n_head_kv * s.head_dim;
+  r.mirror_k = mk;
+  r.mirror_v = mv;
+  r.stage_k = sk;
+  r.stage_v = sv;
+  return r;
+}
+
+// The first index where a and b differ (as floats), or -1 when equal: a short message for
+// buffers of up to 200k floats.
+int64_t first_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  return -1;
+}
+
+TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(71);
+  struct C {
+    Shape s;
+    bool freq_factors, yarn, bias;
+    int32_t pos;
+  };
+  // Llama's head (128, full rotary) with llama3's frequency factors, q/k bias and a scale;
+  // partial rotary (pairs past n_rot stored unrotated, appended by the store); YaRN with
+  // partial rotary at a position in the thousands (the angle's repeated products).
+  const std::vector<C> cases = {{{4096, 8, 2, 128, 128}, true, false, true, 37},
+                                {{4096, 4, 2, 64, 32}, false, false, false, 5},
+                                {{4096, 4, 1, 64, 48}, false, true, true, 3001}};
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16})
+    for (const C& c : cases) {
+      const Shape& s = c.s;
+      const int64_t q_w = s.n_head * s.head_dim, kv_w = s.n_head_kv * s.head_dim, cap = c.pos + 8;
+      Dev<uint8_t> wq(random_weight_row(rng, t, s.n_in * q_w)), wk(random_weight_row(rng, t, s.n_in * kv_w)),
+          wv(random_weight_row(rng, t, s.n_in * kv_w));
+      auto fb = random_floats(rng, s.n_rot / 2);
+      for (float& f : fb) f = 1.0f + 3.0f * std::abs(f);  // divisors >= 1, as llama3's
+      Dev<float> dff(fb), dbq(random_floats(rng, q_w)), dbk(random_floats(rng, kv_w)), dnw(random_floats(rng, s.n_in));
+      Dev<int32_t> dpos(std::vector<int32_t>{c.pos});
+      const auto mk0 = random_floats(rng, cap * kv_w), mv0 = random_floats(rng, cap * kv_w);
+      for (int64_t n_tok : {1, 4, 5}) {  // 4 + 1: the second launch's tokens start at t0 = 4
+        const auto x = random_floats(rng, s.n_in * n_tok);
+        for (int ks : {1, 2, 4})
+          // x as it is; a norm before (the backend's form); x_prepared (Q4_0, Q8_0: the norm
+          // quantized x ahead; other types take the norm alone).
+          for (int prep : {0, 1, 2}) {
+            // mode 0: the products alone; 1: then launch_rope; 2: the rotation in their store.
+            const auto run = [&](int mode) {
+              Dev<float> dx(x), dh(x.size()), act(x.size()), dq(static_cast<size_t>(n_tok * q_w)),
+                  dk(static_cast<size_t>(n_tok * kv_w)), dv(static_cast<size_t>(n_tok * kv_w)), dmk(mk0), dmv(mv0),
+                  dsk(static_cast<size_t>(n_tok * kv_w)), dsv(static_cast<size_t>(n_tok * kv_w));
+              cuda::NormParams np;
+              np.x = dx.p;
+              np.y = dh.p;
+              np.x_stride = np.y_stride = np.n = s.n_in;
+              np.n_rows = n_tok;
+              np.w = dnw.p;
+              np.eps = 1e-5f;
+              const float* in = prep == 0 ? dx.p : dh.p;
+              cuda::MatmulParams ps[3] = {product(t, wq.p, s, q_w, in, n_tok, dq.p, act.p),
+                                          product(t, wk.p, s, kv_w, in, n_tok, dk.p, act.p),
+                                          product(t, wv.p, s, kv_w, in, n_tok, dv.p, act.p)};
+              for (cuda::MatmulParams& p : ps) p.ksplit = ks;
+              if (c.bias) {
+                ps[0].bias = dbq.p;
+                ps[1].bias = dbk.p;
+                ps[0].scale = ps[1].scale = 0.75f;
+              }
+              if (prep == 1) ps[0].pre_norm = &np;
+              if (prep == 2) {
+                cuda::MatmulParams first = ps[0];
+                first.pre_norm = &np;
+                if (!cuda::matmul_reads_q8_0(first) || !cuda::launch_matmul_producer(first)) cuda::launch_norm(np);
+                else ps[0].x_prepared = true;
+              }
+              cuda::RopeLaunch r = rope_of(s, n_tok, dpos.p, dq.p, dk.p, dv.p, dmk.p, dmv.p, dsk.p, dsv.p);
+              r.freq_factors = c.freq_factors ? dff.p : nullptr;
+              if (c.yarn) {
+                r.ext_factor = 1.0f;
+                r.freq_scale = 0.25f;
+                r.n_ctx_orig = 8192;
+              }
+              if (mode == 2) {
+                EXPECT_TRUE(cuda::matmul_can_rope(ps, 3, r));
+                for (cuda::MatmulParams& p : ps) p.rope = &r;
+              }
+              cuda::launch_matmuls(ps, 3);
+              if (mode == 1) cuda::launch_rope(r);
+              return std::vector<std::vector<float>>{dq.get(),  dk.get(),  dv.get(), dmk.get(),
+                                                     dmv.get(), dsk.get(), dsv.get()};
+            };
+            const auto sep = run(1), fused = run(2), plain = run(0);
+            const std::string where = std::string(ggml_type_name(t)) + " head_dim " + std::to_string(s.head_dim) +
+                                      " n_rot " + std::to_string(s.n_rot) + " n_tok " + std::to_string(n_tok) +
+                                      " ks " + std::to_string(ks) + " prep " + std::to_string(prep);
+            const char* names[] = {"q", "k", "v", "mirror k", "mirror v", "staged k", "staged v"};
+            for (size_t i = 0; i < sep.size(); ++i)
+              EXPECT_EQ(first_diff(fused[i], sep[i]), -1) << names[i] << ": " << where;
+            // The rotation ran: q and k differ from the products alone; v is only appended.
+            EXPECT_NE(first_diff(fused[0], plain[0]), -1) << where;
+            EXPECT_NE(first_diff(fused[1], plain[1]), -1) << where;
+            EXPECT_EQ(first_diff(fused[2], plain[2]), -1) << where;
+          }
+      }
+    }
+}
+
+// matmul_can_rope on fake (aligned) device addresses: it holds for a decode q/k/v group on the
+// stream kernel, and refuses every case launch_rope must keep.
+TEST(CudaRopeEpilogue, PredicateRefusesWhatTheStoreCannotDo) {
+  const Shape s{4096, 8, 2, 128, 128};
+  const int64_t q_w = s.n_head * s.head_dim, kv_w = s.n_head_kv * s.head_dim;
+  const auto at = [](uintptr_t a) { return reinterpret_cast<float*>(a); };
+  float *x = at(0x100000), *q = at(0x200000), *k = at(0x300000), *v = at(0x400000), *act = at(0x500000);
+  const void* w = at(0x600000);
+  const auto* pos = reinterpret_cast<const int32_t*>(0x700000);
+  const auto group = [&](GgmlType t, int64_t n_tok) {
+    return std::vector<cuda::MatmulParams>{product(t, w, s, q_w, x, n_tok, q, act),
+                                           product(t, w, s, kv_w, x, n_tok, k, act),
+                                           product(t, w, s, kv_w, x, n_tok, v, act)};
+  };
+  const auto rope = [&](int64_t n_tok) {
+    return rope_of(s, n_tok, pos, q, k, v, at(0x800000), at(0x900000), at(0xa00000), at(0xb00000));
+  };
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F16})
+    for (int64_t n_tok : {1, 5, 8}) EXPECT_TRUE(cuda::matmul_can_rope(group(t, n_tok).data(), 3, rope(n_tok)))
+                                        << ggml_type_name(t) << " n_tok " << n_tok;
+  const auto refuses = [&](const std::string& why, auto&& change) {
+    auto ps = group(GgmlType::Q4_0, 1);
+    cuda::RopeLaunch r = rope(1);
+    int n = 3;
+    change(ps, r, n);
+    EXPECT_FALSE(cuda::matmul_can_rope(ps.data(), n, r)) << why;
+  };
+  using Ps = std::vector<cuda::MatmulParams>;
+  refuses("prefill", [&](Ps& ps, cuda::RopeLaunch& r, int&) {
+    ps = group(GgmlType::Q4_0, 9);
+    r = rope(9);
+  });
+  refuses("neox", [](Ps&, cuda::RopeLaunch& r, int&) { r.neox = true; });
+  refuses("QK-norm", [](Ps&, cuda::RopeLaunch& r, int&) { r.qk_norm = true; });
+  refuses("no append", [](Ps&, cuda::RopeLaunch& r, int&) { r.mirror_k = nullptr; });
+  refuses("odd n_rot", [](Ps&, cuda::RopeLaunch& r, int&) { r.n_rot = 63; });
+  refuses("n_rot past the head", [](Ps&, cuda::RopeLaunch& r, int&) { r.n_rot = 130; });
+  refuses("no v product", [](Ps&, cuda::RopeLaunch&, int& n) { n = 2; });
+  refuses("gated q (y elsewhere)", [&](Ps& ps, cuda::RopeLaunch&, int&) { ps[0].y = act; });
+  refuses("q stride", [](Ps& ps, cuda::RopeLaunch&, int&) { ps[0].y_stride += 4; });
+  refuses("k width", [](Ps& ps, cuda::RopeLaunch&, int&) { ps[1].n_out -= 2; });
+  refuses("unquantized Q4_0 (generic kernel)", [](Ps& ps, cuda::RopeLaunch&, int&) {
+    for (auto& p : ps) p.act_round = nullptr;
+  });
+  refuses("F32 weights", [&](Ps& ps, cuda::RopeLaunch&, int&) { ps = group(GgmlType::F32, 1); });
+  refuses("unstaged rows", [](Ps& ps, cuda::RopeLaunch&, int&) {
+    ps[2].w = static_cast<const uint8_t*>(ps[2].w) + 2;
+  });
+  refuses("experts", [&](Ps& ps, cuda::RopeLaunch&, int&) {
+    ps[1].slot_expert = pos;
+    ps[1].n_slots = 1;
+  });
+}
+
+}  // namespace
+}  // namespace frink::test
+
+#else
+TEST(CudaRopeEpilogue, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA (FRINK_CUDA=OFF)"; }
+#endif
