@@ -1,9 +1,12 @@
 // Gated DeltaNet steps on the device (see delta_net.cuh).
 //
-// v1 (this file): correctness first. The recurrence runs token after token inside one launch
-// per segment (the state stays in registers across the segment's tokens, the next token's
-// inputs are fetched while the current one computes); a chunked (WY) prefill kernel, which
-// turns most of the work into matrix products, is the next version. Not yet timed.
+// v1: correctness first. The recurrence runs token after token inside one launch per segment
+// (the state stays in registers across the segment's tokens, the next token's inputs are
+// fetched while the current one computes).
+// v2 (this file): batches of kDeltaChunkMinTokens or more take the chunked (WY/UT) kernel, whose
+// work per chunk is small matrix products in shared memory (f32 CUDA cores, no tensor cores:
+// the result must match the recurrence to f32 rounding). Written and tested for correctness
+// without a GPU at hand; neither kernel is timed yet, so the threshold is one full chunk.
 #include "cuda/delta_net.cuh"
 
 #include <algorithm>
@@ -163,6 +166,219 @@ __global__ void __launch_bounds__(512) delta_rule_kernel(DeltaRuleParams p) {
     if (col && i0 + r < d) S[(i0 + r) * d + j] = s[r];
 }
 
+// ---- the chunked (WY/UT) form, for prefill ------------------------------------------------
+//
+// Per chunk of n <= L tokens, with G_r the chunk-local cumulative log decay (so every factor
+// below is exp of a difference <= 0: nothing overflows, and exp(G) underflowing to 0 under
+// strong decays is the true value to f32), cpu::delta_rule_chunked's
+//   A  = strictly lower (beta_r (k_r . k_s) exp(G_r - G_s)),  QK = lower (q_r . k_s) exp(G_r - G_s)
+//   V' = U - W S = (I + A)^-1 X,  X = beta (V - exp(G) (K S))    (U, W as the host's)
+//   O  = exp(G) (Q S) + QK V'
+//   S <- exp(G_last) S + (K exp(G_last - G))^T V'
+// Writing V' as one triangular solve on X (L x 32) instead of forming W (L x d) means a block
+// needs nothing from the other column tiles of its head: A and QK, the only column-independent
+// products, are recomputed by each of the d / 32 tiles. That costs about 1.4x the work of
+// computing them once per head into scratch (d 128: 5.8 M vs 4.1 M multiply-adds per head and
+// chunk; 1.8x at d 256), and keeps DeltaRuleParams free of a scratch buffer.
+//
+// Block (head hv, 32 columns), 256 threads; shared memory holds the chunk's K^T and Q^T
+// (rows padded with zeros to dp = d rounded up to 32, and token columns past n zero, so no
+// loop tests either), the S tile [dp][32], A, QK^T and V'. Rows past n have beta 0 and zero
+// k, q: they add nothing anywhere and their outputs are not written.
+constexpr int kChunk = 64;            // L, llama.cpp's chunk
+constexpr int kChunkThreads = 256;    // 8 warps; the 4 x 4 tiles of A cover L x L exactly
+constexpr int kChunkCols = 32;        // columns of S per block
+constexpr int kLdT = kChunk + 4;      // K^T, Q^T, QK^T rows: float4-aligned, rows 4 banks apart
+constexpr int kLdV = kChunkCols + 4;  // V' rows: the solve's 8 rows x 4 columns hit 32 banks
+static_assert(kChunk * kChunk == 16 * kChunkThreads, "one 4 x 4 tile of A per thread");
+static_assert(kChunkThreads / 32 * 8 == kChunk && kChunkThreads / 32 * 4 == kChunkCols, "8 rows, 4 solved columns per warp");
+
+__host__ __device__ inline int64_t chunk_dp(int64_t d) { return (d + 31) / 32 * 32; }
+
+// G (doubles) first for their alignment; every array is a multiple of 4 floats (float4 loads).
+size_t chunk_smem_bytes(int64_t d) {
+  const int64_t dp = chunk_dp(d);
+  return static_cast<size_t>(5 * kChunk + 2 * dp * kLdT + dp * kChunkCols + kChunk * kChunk + kChunk * kLdT +
+                             kChunk * kLdV) *
+         sizeof(float);
+}
+
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+__global__ void __launch_bounds__(kChunkThreads) delta_chunk_kernel(DeltaRuleParams p) {
+  extern __shared__ float4 sh4[];
+  constexpr int L = kChunk, T = kChunkThreads;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int d = static_cast<int>(p.d), dp = static_cast<int>(chunk_dp(p.d));
+  const int64_t hv = blockIdx.x, nv = p.n_v_head, nk = p.n_k_head, col0 = int64_t{blockIdx.y} * kChunkCols;
+  const int64_t hk = p.kv_head_tiled ? hv % nk : hv / (nv / nk);
+  double* G = reinterpret_cast<double*>(sh4);               // [L] cumulative log decay
+  float* beta = reinterpret_cast<float*>(sh4) + 2 * L;      // [L], 0 past n
+  float* eG = beta + L;                                     // [L] exp(G_r)
+  float* eLR = eG + L;                                      // [L] exp(G_last - G_r)
+  float* Kt = eLR + L;                                      // [dp][kLdT] k_r[i] at i * kLdT + r
+  float* Qt = Kt + dp * kLdT;                               // [dp][kLdT] q_r[i] q_scale
+  float* Ss = Qt + dp * kLdT;                               // [dp][32] the S tile
+  float* A = Ss + dp * kChunkCols;                          // [L][L]
+  float* QKt = A + L * L;                                   // [L][kLdT] QK[r][c] at c * kLdT + r
+  float* Vp = QKt + L * kLdT;                               // [L][kLdV] X, then V' in place
+
+  for (int e = tid; e < (dp - d) * kLdT; e += T) Kt[d * kLdT + e] = Qt[d * kLdT + e] = 0.0f;
+  float* S = p.state + hv * p.d * p.d;
+  for (int e = tid; e < dp * kChunkCols; e += T) {
+    const int64_t i = e / kChunkCols, j = col0 + e % kChunkCols;
+    Ss[e] = i < d && j < d ? S[i * d + j] : 0.0f;
+  }
+  const float* v_col = p.qkv + 2 * nk * d + hv * d + col0 + lane;  // this lane's column of v
+  const bool col_in = col0 + lane < d;
+
+  for (int64_t c0 = 0; c0 < p.n_tok; c0 += L) {
+    const int n = p.n_tok - c0 < L ? static_cast<int>(p.n_tok - c0) : L;
+    for (int e = tid; e < L * d; e += T) {
+      const int r = e / d, i = e % d;
+      const float* row = p.qkv + (c0 + r) * p.qkv_stride;
+      Kt[i * kLdT + r] = r < n ? row[(nk + hk) * d + i] : 0.0f;
+      Qt[i * kLdT + r] = r < n ? row[hk * d + i] * p.q_scale : 0.0f;
+    }
+    if (warp == 0) {  // G by an inclusive scan over two halves of 32, in double as the host's
+      double g_lo = lane < n ? p.g[(c0 + lane) * nv + hv] : 0.0;
+      double g_hi = lane + 32 < n ? p.g[(c0 + lane + 32) * nv + hv] : 0.0;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const double lo = __shfl_up_sync(0xffffffffu, g_lo, o), hi = __shfl_up_sync(0xffffffffu, g_hi, o);
+        if (lane >= o) g_lo += lo, g_hi += hi;
+      }
+      g_hi += __shfl_sync(0xffffffffu, g_lo, 31);
+      const double last = __shfl_sync(0xffffffffu, g_hi, 31);  // = G[n - 1]: g is 0 past n
+      G[lane] = g_lo;
+      G[lane + 32] = g_hi;
+      eG[lane] = expf(static_cast<float>(g_lo));
+      eG[lane + 32] = expf(static_cast<float>(g_hi));
+      eLR[lane] = expf(static_cast<float>(last - g_lo));
+      eLR[lane + 32] = expf(static_cast<float>(last - g_hi));
+      beta[lane] = lane < n ? p.beta[(c0 + lane) * nv + hv] : 0.0f;
+      beta[lane + 32] = lane + 32 < n ? p.beta[(c0 + lane + 32) * nv + hv] : 0.0f;
+    }
+    __syncthreads();
+
+    // A and QK^T, a 4 x 4 tile of (r, c) per thread; tiles above the diagonal are zeros.
+    {
+      const int r0 = tid / 16 * 4, cb = tid % 16 * 4;
+      float kk[4][4] = {}, qk[4][4] = {};
+      if (cb <= r0) {
+#pragma unroll 2
+        for (int i = 0; i < dp; ++i) {
+          const float4 kr4 = ld4(Kt + i * kLdT + r0), qr4 = ld4(Qt + i * kLdT + r0), kc4 = ld4(Kt + i * kLdT + cb);
+          const float kr[4] = {kr4.x, kr4.y, kr4.z, kr4.w}, qr[4] = {qr4.x, qr4.y, qr4.z, qr4.w};
+          const float kc[4] = {kc4.x, kc4.y, kc4.z, kc4.w};
+#pragma unroll
+          for (int x = 0; x < 4; ++x)
+#pragma unroll
+            for (int y = 0; y < 4; ++y) {
+              kk[x][y] += kr[x] * kc[y];
+              qk[x][y] += qr[x] * kc[y];
+            }
+        }
+      }
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int y = 0; y < 4; ++y) {
+          const int r = r0 + x, c = cb + y;
+          const float decay = c <= r ? expf(static_cast<float>(G[r] - G[c])) : 0.0f;
+          A[r * L + c] = c < r ? beta[r] * kk[x][y] * decay : 0.0f;
+          QKt[c * kLdT + r] = qk[x][y] * decay;
+        }
+    }
+    // K S and Q S for rows [8 warp, 8 warp + 8), column lane: X into Vp, exp(G) Q S kept in o.
+    const int r0 = warp * 8;
+    float o[8];
+    {
+      float ks[8] = {}, qs[8] = {};
+#pragma unroll 2
+      for (int i = 0; i < dp; ++i) {
+        const float s = Ss[i * kChunkCols + lane];
+        const float4 k0 = ld4(Kt + i * kLdT + r0), k1 = ld4(Kt + i * kLdT + r0 + 4);
+        const float4 q0 = ld4(Qt + i * kLdT + r0), q1 = ld4(Qt + i * kLdT + r0 + 4);
+        const float k[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+        const float q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+        for (int x = 0; x < 8; ++x) {
+          ks[x] += k[x] * s;
+          qs[x] += q[x] * s;
+        }
+      }
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        const int r = r0 + x;
+        const float v = r < n && col_in ? v_col[(c0 + r) * p.qkv_stride] : 0.0f;
+        Vp[r * kLdV + lane] = beta[r] * (v - eG[r] * ks[x]);
+        o[x] = eG[r] * qs[x];
+      }
+    }
+    __syncthreads();  // A, QK^T, X complete
+
+    // V' = (I + A)^-1 X by forward substitution: warp w solves columns [4 w, 4 w + 4), 8 lanes
+    // per column splitting the sum over earlier rows.
+    {
+      const int c = warp * 4 + lane / 8, part = lane % 8;
+      for (int r = 1; r < n; ++r) {
+        float sum = 0.0f;
+        for (int s = part; s < r; s += 8) sum += A[r * L + s] * Vp[s * kLdV + c];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        if (part == 0) Vp[r * kLdV + c] -= sum;
+        __syncwarp();  // row r visible to the warp's next row
+      }
+    }
+    __syncthreads();  // V' complete
+
+    // O = exp(G) Q S + QK V' (QK^T is zero past the diagonal and past n).
+    {
+#pragma unroll 2
+      for (int c = 0; c < r0 + 8; ++c) {
+        const float v = Vp[c * kLdV + lane];
+        const float4 a0 = ld4(QKt + c * kLdT + r0), a1 = ld4(QKt + c * kLdT + r0 + 4);
+        const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+        for (int x = 0; x < 8; ++x) o[x] += a[x] * v;
+      }
+#pragma unroll
+      for (int x = 0; x < 8; ++x)
+        if (r0 + x < n && col_in) p.out[(c0 + r0 + x) * p.out_stride + hv * d + col0 + lane] = o[x];
+    }
+    // S = exp(G_last) S + (K exp(G_last - G))^T V': rows [8 warp, +8) of every 64, column lane.
+    // Only Vp, Kt and eLR are read, and Ss was last read before the barrier above.
+    {
+      const float e_last = eG[n - 1];
+      for (int i0 = warp * 8; i0 < dp; i0 += 64) {
+        float acc[8] = {};
+        for (int r = 0; r < n; r += 4) {  // rows [n, n rounded up to 4) are zero
+          float v[4];
+#pragma unroll
+          for (int y = 0; y < 4; ++y) v[y] = Vp[(r + y) * kLdV + lane] * eLR[r + y];
+#pragma unroll
+          for (int x = 0; x < 8; ++x) {
+            const float4 k = ld4(Kt + (i0 + x) * kLdT + r);
+            acc[x] += k.x * v[0] + k.y * v[1] + k.z * v[2] + k.w * v[3];
+          }
+        }
+#pragma unroll
+        for (int x = 0; x < 8; ++x) {
+          float& s = Ss[(i0 + x) * kChunkCols + lane];
+          s = e_last * s + acc[x];
+        }
+      }
+    }
+    __syncthreads();  // before the next chunk overwrites the inputs and reads Ss
+  }
+  for (int e = tid; e < dp * kChunkCols; e += T) {
+    const int64_t i = e / kChunkCols, j = col0 + e % kChunkCols;
+    if (i < d && j < d) S[i * d + j] = Ss[e];
+  }
+}
+
 }  // namespace
 
 bool delta_net_supported(int64_t head_dim, int64_t conv_width) {
@@ -197,15 +413,32 @@ void launch_l2_norm(const L2NormParams& p) {
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
+bool delta_rule_uses_chunks(const DeltaRuleParams& p) {
+  if (p.n_tok < p.chunk_min_tokens) return false;
+  int dev = 0, optin = 0;
+  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return chunk_smem_bytes(p.d) <= static_cast<size_t>(optin);
+}
+
 void launch_delta_rule(const DeltaRuleParams& p) {
   if (p.n_tok == 0) return;
   FRINK_CUDA_CHECK(delta_net_supported(p.d, 1) && p.n_k_head > 0 && p.n_v_head % p.n_k_head == 0
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
-  const int W = static_cast<int>((p.d + kRows - 1) / kRows);  // 1..16 warps
   const dim3 grid(static_cast<unsigned>(p.n_v_head), static_cast<unsigned>((p.d + 31) / 32));
-  const size_t smem = static_cast<size_t>(2 * W * kRows + 2 * W * 32) * sizeof(float);
-  delta_rule_kernel<<<grid, dim3(32, static_cast<unsigned>(W)), smem, p.stream>>>(p);
+  if (delta_rule_uses_chunks(p)) {
+    // Set on every chunked launch (a prefill's, once per layer and batch) rather than
+    // remembered in a global: the call is cheap next to the kernel.
+    const size_t smem = chunk_smem_bytes(p.d);
+    FRINK_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+    delta_chunk_kernel<<<grid, kChunkThreads, smem, p.stream>>>(p);
+  } else {
+    const int W = static_cast<int>((p.d + kRows - 1) / kRows);  // 1..16 warps
+    const size_t smem = static_cast<size_t>(2 * W * kRows + 2 * W * 32) * sizeof(float);
+    delta_rule_kernel<<<grid, dim3(32, static_cast<unsigned>(W)), smem, p.stream>>>(p);
+  }
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

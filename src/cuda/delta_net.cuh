@@ -17,6 +17,9 @@ namespace frink::cuda {
 
 inline constexpr int64_t kDeltaMaxHeadDim = 256;  // the recurrence's 16 rows per thread x 16 warps
 inline constexpr int64_t kConvMaxWidth = 64;      // as the model reader allows
+// The chunked delta rule's threshold: one full chunk. Below it the chunked form would pay its
+// per-chunk products for fewer tokens than the recurrence walks; not yet timed on a GPU.
+inline constexpr int64_t kDeltaChunkMinTokens = 64;
 
 // The ONE predicate for the shapes these kernels take (a layer outside it refuses, kShape).
 bool delta_net_supported(int64_t head_dim, int64_t conv_width);
@@ -66,13 +69,16 @@ struct L2NormParams {
 void launch_l2_norm(const L2NormParams& p);
 
 // The gated delta rule over tokens [0, n_tok), each value head against its state [d][d]
-// (S[i][j], i over keys), token after token: cpu::delta_rule_recurrent with
+// (S[i][j], i over keys): cpu::delta_rule_recurrent, i.e.
 //   S = exp(g_t) S;  delta = beta_t (v_t - S^T k_t);  S += k_t delta^T;  o_t = S^T (q_t q_scale).
-// Column j of S evolves on its own, so a block holds 32 columns of one head in registers
-// (16 rows per thread, ceil(d / 16) warps) for the WHOLE run: a prefill reads and writes the
-// state once, not once per token. It is still sequential over tokens (the recurrent form,
-// not the chunked WY form the host prefill may use; the two agree to f32 rounding), so a
-// long prompt costs n_tok dependent steps per block.
+// Two kernels compute it; delta_rule_uses_chunks picks one per launch.
+// - Recurrent (decode, short batches): token after token. Column j of S evolves on its own, so
+//   a block holds 32 columns of one head in registers (16 rows per thread, ceil(d / 16) warps)
+//   for the WHOLE run; a long prompt costs n_tok dependent steps per block.
+// - Chunked (prefill, n_tok >= chunk_min_tokens): the WY/UT form of cpu::delta_rule_chunked
+//   over chunks of 64 tokens, the same blocks (head, 32 columns) walking the chunks in order
+//   with their S tile in shared memory; per chunk the work is small matrix products.
+// The two agree to f32 rounding (tests/gpu/delta_net_test.cpp).
 struct DeltaRuleParams {
   // [n_tok][qkv_stride], the conv output after the l2 norm: q of key head h at h * d, k at
   // (n_k_head + h) * d, v of value head hv at 2 * n_k_head * d + hv * d.
@@ -88,8 +94,15 @@ struct DeltaRuleParams {
   // (SsmPlan::kv_head_tiled).
   bool kv_head_tiled = false;
   float q_scale = 1.0f;
+  // Batches of at least this many tokens take the chunked kernel (where the device's shared
+  // memory holds its tile); tests set it past n_tok to force the recurrence.
+  int64_t chunk_min_tokens = kDeltaChunkMinTokens;
   cudaStream_t stream = nullptr;
 };
+// The ONE dispatch predicate: true when launch_delta_rule(p) runs the chunked kernel (n_tok >=
+// p.chunk_min_tokens and its shared memory, 130 KB at d 128, 216 KB at d 256, fits the current
+// device's opt-in limit). Queries the current device only when n_tok passes the threshold.
+bool delta_rule_uses_chunks(const DeltaRuleParams& p);
 void launch_delta_rule(const DeltaRuleParams& p);
 
 }  // namespace frink::cuda
