@@ -18,6 +18,9 @@
 #include <cuda_runtime.h>
 
 #include "cuda/device_probe.h"
+#include "cuda/matmul.cuh"
+#include "cuda/rope.cuh"
+#include "quant/ggml_type.h"
 #endif
 
 namespace frink::test {
@@ -74,6 +77,53 @@ struct Dev {
     return h;
   }
 };
+
+// A product of W (type t, n_out rows of n_in, on the device) with x [n_tok][n_in] into
+// y [n_tok][n_out]; callers set bias, scale, act_round and the cuBLAS fields they test.
+inline cuda::MatmulParams mat_params(GgmlType t, const void* w, int64_t n_in, int64_t n_out, const float* x,
+                                     int64_t n_tok, float* y) {
+  cuda::MatmulParams p;
+  p.type = static_cast<int>(t);
+  p.w = w;
+  p.row_bytes = ggml_row_bytes(t, n_in);
+  p.n_in = n_in;
+  p.n_out = n_out;
+  p.x = x;
+  p.x_stride = n_in;
+  p.y = y;
+  p.y_stride = n_out;
+  p.n_tok = n_tok;
+  return p;
+}
+
+// RoPE over q [n_tok][n_head * head_dim] and k [n_tok][n_head_kv * head_dim] at device
+// position *pos; callers set the frequencies and style they test.
+inline cuda::RopeLaunch rope_launch(float* q, float* k, int64_t n_tok, int64_t n_head, int64_t n_head_kv,
+                                    int64_t head_dim, int64_t n_rot, const int32_t* pos) {
+  cuda::RopeLaunch r;
+  r.x = q;
+  r.row_stride = n_head * head_dim;
+  r.n_tok = n_tok;
+  r.n_head = n_head;
+  r.head_dim = head_dim;
+  r.x2 = k;
+  r.row_stride2 = n_head_kv * head_dim;
+  r.n_head2 = n_head_kv;
+  r.pos = pos;
+  r.n_rot = n_rot;
+  return r;
+}
+
+// r's K/V append: v [n_tok][v_width], the mirror's K/V rows and the staging rows.
+inline void rope_append(cuda::RopeLaunch& r, float* v, int64_t v_width, float* mirror_k, float* mirror_v,
+                        float* stage_k, float* stage_v) {
+  r.v = v;
+  r.v_width = v_width;
+  r.mirror_k = mirror_k;
+  r.mirror_v = mirror_v;
+  r.stage_k = stage_k;
+  r.stage_v = stage_v;
+}
 #endif
 
 }  // namespace frink::test

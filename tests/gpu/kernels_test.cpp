@@ -69,24 +69,6 @@ std::vector<float> reference_product(const std::vector<float>& wf, const std::ve
   return ref;
 }
 
-// A product of W (type t, n_out rows of n_in, on the device) with x [n_tok][n_in] into
-// y [n_tok][n_out]; callers set bias, scale, act_round and the cuBLAS fields they test.
-cuda::MatmulParams mat_params(GgmlType t, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_tok,
-                              float* y) {
-  cuda::MatmulParams p;
-  p.type = static_cast<int>(t);
-  p.w = w;
-  p.row_bytes = ggml_row_bytes(t, n_in);
-  p.n_in = n_in;
-  p.n_out = n_out;
-  p.x = x;
-  p.x_stride = n_in;
-  p.y = y;
-  p.y_stride = n_out;
-  p.n_tok = n_tok;
-  return p;
-}
-
 TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(7);
@@ -1176,27 +1158,10 @@ TEST(CudaKernels, RopeWithKvAppendEqualsSeparate) {
     const auto run = [&](bool fused) {
       Dev<float> dq(q), dk(k), dv(v), dmk(mk0), dmv(mv0);
       Dev<float> dsk(static_cast<size_t>(n_tok * k_w)), dsv(static_cast<size_t>(n_tok * v_w));
-      cuda::RopeLaunch r;
-      r.x = dq.p;
-      r.row_stride = q_w;
-      r.n_tok = n_tok;
-      r.n_head = n_head;
-      r.head_dim = c.head_dim;
-      r.x2 = dk.p;
-      r.row_stride2 = k_w;
-      r.n_head2 = n_head_kv;
-      r.pos = dpos.p;
-      r.n_rot = c.n_rot;
+      cuda::RopeLaunch r = rope_launch(dq.p, dk.p, n_tok, n_head, n_head_kv, c.head_dim, c.n_rot, dpos.p);
       r.neox = c.neox;
       r.freq_base = 10000.0f;
-      if (fused) {
-        r.v = dv.p;
-        r.v_width = v_w;
-        r.mirror_k = dmk.p;
-        r.mirror_v = dmv.p;
-        r.stage_k = dsk.p;
-        r.stage_v = dsv.p;
-      }
+      if (fused) rope_append(r, dv.p, v_w, dmk.p, dmv.p, dsk.p, dsv.p);
       cuda::launch_rope(r);
       if (!fused) cuda::launch_kv_append(dk.p, dv.p, k_w, v_w, n_tok, dpos.p, dmk.p, dmv.p, dsk.p, dsv.p, nullptr);
       return std::vector<std::vector<float>>{dq.get(), dk.get(), dmk.get(), dmv.get(), dsk.get(), dsv.get()};

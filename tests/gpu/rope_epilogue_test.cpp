@@ -31,17 +31,7 @@ struct Shape {
 // p for W (type t) times x [n_tok][n_in] into y [n_tok][n_out].
 cuda::MatmulParams product(GgmlType t, const void* w, const Shape& s, int64_t n_out, const float* x, int64_t n_tok,
                            float* y, float* act) {
-  cuda::MatmulParams p;
-  p.type = static_cast<int>(t);
-  p.w = w;
-  p.row_bytes = ggml_row_bytes(t, s.n_in);
-  p.n_in = s.n_in;
-  p.n_out = n_out;
-  p.x = x;
-  p.x_stride = s.n_in;
-  p.y = y;
-  p.y_stride = n_out;
-  p.n_tok = n_tok;
+  cuda::MatmulParams p = mat_params(t, w, s.n_in, n_out, x, n_tok, y);
   p.act_round = act;
   return p;
 }
@@ -49,24 +39,9 @@ cuda::MatmulParams product(GgmlType t, const void* w, const Shape& s, int64_t n_
 // r over q/k/v buffers of s's shape, appending to the mirror and staging buffers.
 cuda::RopeLaunch rope_of(const Shape& s, int64_t n_tok, const int32_t* pos, float* q, float* k, float* v, float* mk,
                          float* mv, float* sk, float* sv) {
-  cuda::RopeLaunch r;
-  r.x = q;
-  r.row_stride = s.n_head * s.head_dim;
-  r.n_tok = n_tok;
-  r.n_head = s.n_head;
-  r.head_dim = s.head_dim;
-  r.x2 = k;
-  r.row_stride2 = s.n_head_kv * s.head_dim;
-  r.n_head2 = s.n_head_kv;
-  r.pos = pos;
-  r.n_rot = s.n_rot;
+  cuda::RopeLaunch r = rope_launch(q, k, n_tok, s.n_head, s.n_head_kv, s.head_dim, s.n_rot, pos);
   r.freq_base = 500000.0f;
-  r.v = v;
-  r.v_width = s.n_head_kv * s.head_dim;
-  r.mirror_k = mk;
-  r.mirror_v = mv;
-  r.stage_k = sk;
-  r.stage_v = sv;
+  rope_append(r, v, s.n_head_kv * s.head_dim, mk, mv, sk, sv);
   return r;
 }
 
