@@ -681,12 +681,17 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
   });
 }
 
-// Warps per row pair for rows of n_chunks chunks: 2 from 3 chunks, 4 from 6. Measured (H200,
+// Warps per row pair for rows of n_chunks chunks: 2 from 3 chunks, 4 from 8. Measured (H200,
 // 8B tg128, one call): BF16 170.9 -> 183.7, Q8_0 230.7 -> 236.7, Q4_0 309.6 -> 310.3. Two
 // warps for two-chunk rows when one warp per pair leaves the GPU less than a wave (the 8B
 // q/k/v and wo, 8.2 and 7.5 us in ncu at 34% and 25% occupancy) measured no better: Q4_0
-// 311.1 and 310.1 against 312.4 and 317.4 without (one call, alternating).
-static int matvec_ksplit(int64_t n_chunks) { return n_chunks >= 6 ? 4 : n_chunks >= 3 ? 2 : 1; }
+// 311.1 and 310.1 against 312.4 and 317.4 without (one call, alternating); nor for the 8B
+// gate/up (2 chunks, 2.7 waves): 327.2/326.0 against 329.5/328.0. 7-chunk rows (the Q4_0 and
+// Q4_K/Q6_K 8B down: 8064 or 11760 bytes) take 2, not 4: their grid then fits one wave of
+// resident blocks (1024 blocks, ~10 per SM) instead of 1.55, whose second, partial wave
+// costs a whole memory round trip: Q4_0 320.6/321.4 -> 329.5/328.0, Q4_K_M 257.8/259.3 ->
+// 260.2/260.9 (one call, alternating). Q8_0 (14 chunks) and BF16 (28) keep 4.
+static int matvec_ksplit(int64_t n_chunks) { return n_chunks >= 8 ? 4 : n_chunks >= 3 ? 2 : 1; }
 
 // Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
 // on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
