@@ -19,7 +19,9 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <mutex>
 #include <type_traits>
+#include <unordered_map>
 
 #include <cuda_pipeline.h>
 
@@ -693,6 +695,34 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
 // 260.2/260.9 (one call, alternating). Q8_0 (14 chunks) and BF16 (28) keep 4.
 static int matvec_ksplit(int64_t n_chunks) { return n_chunks >= 8 ? 4 : n_chunks >= 3 ? 2 : 1; }
 
+// Grid x for a KS == 1 stream launch of grid g: a grid of more than one wave of resident
+// blocks but at most two is cut to one wave, its warps walking a second row pair (the kernel's
+// grid-stride loop), so no partial second wave costs a whole memory round trip. It hits the
+// MoE expert products (qwen3-30b-a3b: gate/up 1536 blocks, down 2048, one-chunk rows):
+// tg128 282.0 / 282.8 / 283.3 -> 285.6 / 287.5 / 283.7 (H200, one call, alternating). Dense 8B
+// grids are under one wave or over two (gate/up 2.7 waves: walking 2-3 row pairs per warp
+// was v4, slower), and KS > 1 launches are one row pair per warp group: both unchanged.
+static unsigned one_wave_x(const void* kernel, dim3 g) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, int64_t> wave;  // resident blocks on the device
+  int64_t w = 0;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    auto it = wave.find(kernel);
+    if (it == wave.end()) {
+      int dev = 0, sms = 0, per_sm = 0;
+      FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+      FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      FRINK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSWarps * 32, 0));
+      it = wave.emplace(kernel, int64_t{sms} * per_sm).first;
+    }
+    w = it->second;
+  }
+  const int64_t total = int64_t{g.x} * g.y;
+  if (w <= 0 || total <= w || total > 2 * w) return g.x;
+  return static_cast<unsigned>(std::max<int64_t>(1, (w / g.y)));
+}
+
 // Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
 // on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
 // one routing (same slots and x_div).
@@ -747,7 +777,10 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
-      if (ks == 1) launch_dependent(matvec_stream_kernel<T, NT, 1, R>, g, b, p.stream, s, x);
+      if (ks == 1) {
+        const dim3 gw(one_wave_x(reinterpret_cast<const void*>(matvec_stream_kernel<T, NT, 1, R>), g), g.y);
+        launch_dependent(matvec_stream_kernel<T, NT, 1, R>, gw, b, p.stream, s, x);
+      }
       else if (ks == 2) launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, p.stream, s, x);
       else launch_dependent(matvec_stream_kernel<T, NT, 4, R>, g, b, p.stream, s, x);
     };

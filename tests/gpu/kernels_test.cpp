@@ -820,6 +820,52 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
   }
 }
 
+// Expert grids of more than one wave of resident blocks (qwen3-30b-a3b's gate/up: 2048 in,
+// 768 out, 8 experts a token) are cut to one wave whose warps walk a second row pair
+// (matvec.cu one_wave_x): each slot's rows still equal a plain product with its expert, bit
+// for bit. 8 to 24 slots put the grid (1536 to 4608 blocks) in (one wave, two] for any device
+// holding 768 to 3072 blocks at once (an H200: ~1320).
+TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(67);
+  const int64_t n_expert = 16, n_in = 2048, n_out = 768, k = 8;
+  const GgmlType t = GgmlType::Q4_0;
+  const size_t expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
+  Dev<uint8_t> dg(random_weights(rng, t, n_in, n_out * n_expert).bytes),
+      du(random_weights(rng, t, n_in, n_out * n_expert).bytes);
+  for (const int64_t n_tok : {1, 2, 3}) {
+    const int64_t n_slots = n_tok * k;
+    const auto x = random_floats(rng, n_tok * n_in);
+    std::vector<int32_t> ids(static_cast<size_t>(n_slots));
+    for (auto& e : ids) e = static_cast<int32_t>(rng() % n_expert);
+    Dev<float> dx(x), dact(x.size()), dyg(static_cast<size_t>(n_slots * n_out)),
+        dyu(static_cast<size_t>(n_slots * n_out)), dy1(static_cast<size_t>(n_out));
+    Dev<int32_t> dids(ids);
+    cuda::MatmulParams ps[2] = {mat_params(t, dg.p, n_in, n_out, dx.p, n_tok, dyg.p),
+                                mat_params(t, du.p, n_in, n_out, dx.p, n_tok, dyu.p)};
+    for (cuda::MatmulParams& p : ps) {
+      p.act_round = dact.p;
+      p.slot_expert = dids.p;
+      p.n_slots = n_slots;
+      p.x_div = k;
+      p.expert_bytes = expert_bytes;
+    }
+    cuda::launch_matmuls(ps, 2);
+    for (int i = 0; i < 2; ++i) {
+      const auto y = (i == 0 ? dyg : dyu).get();
+      for (int64_t s = 0; s < n_slots; ++s) {
+        const int32_t e = ids[static_cast<size_t>(s)];
+        cuda::MatmulParams q = mat_params(t, static_cast<const uint8_t*>(i == 0 ? dg.p : du.p) + e * expert_bytes,
+                                          n_in, n_out, dx.p + (s / k) * n_in, 1, dy1.p);
+        q.act_round = dact.p;
+        cuda::launch_matmul(q);
+        const std::vector<float> row(y.begin() + s * n_out, y.begin() + (s + 1) * n_out);
+        ASSERT_EQ(row, dy1.get()) << "product " << i << " slots " << n_slots << " slot " << s;
+      }
+    }
+  }
+}
+
 // Rows split over 2 or 4 warps (MatmulParams::ksplit) give the one-warp result up to f32
 // summation order, on rows of 2 to 14 chunks (a partial last chunk, counts that KS does not
 // divide, warps with no chunk), odd row counts, 1, 4 and 6 tokens, the residual in place, two grouped products,
