@@ -14,7 +14,8 @@
 # slow (ncu replays each kernel): keep TYPES short when profiling. NCU_FLAGS="--cache-control none"
 # keeps L2 warm between kernels as in a real run (by default ncu flushes it before each).
 # NO_BENCH=1 skips the benches (a profile-only call); VARIANTS (below) benches each file under
-# several environment settings.
+# several environment settings. MICRO=1 first builds and runs the two microbenchmarks
+# (tools/stream_ceiling.cu, tools/step_latency.cu) with the device's nvcc.
 # Without carried binaries it builds here (-j16, sm_90) first.
 set -o pipefail
 G=$PWD/.fixtures/gpu
@@ -32,6 +33,11 @@ else
   FRINK=$PWD/build-gpu/frink TEST_GPU=$PWD/build-gpu/tests/test_gpu
 fi
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv,noheader
+if [ -n "$MICRO" ]; then
+  for m in stream_ceiling step_latency; do
+    nvcc -O3 -arch=sm_90 "tools/$m.cu" -o "/tmp/$m" && timeout 120 "/tmp/$m" 2>&1 | tee "$OUT/$m.txt"
+  done
+fi
 timeout ${TEST_TIMEOUT:-200} "$TEST_GPU" 2>&1 | tee "$OUT/test_gpu.txt" |
   grep -E "^\[gpu\]|FAILED|PASSED|Failure|error" | head -80
 for T in ${TYPES:-Q4_0}; do
