@@ -19,9 +19,10 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <map>
 #include <mutex>
 #include <type_traits>
-#include <unordered_map>
+#include <utility>
 
 #include <cuda_pipeline.h>
 
@@ -704,17 +705,18 @@ static int matvec_ksplit(int64_t n_chunks) { return n_chunks >= 8 ? 4 : n_chunks
 // was v4, slower), and KS > 1 launches are one row pair per warp group: both unchanged.
 static unsigned one_wave_x(const void* kernel, dim3 g) {
   static std::mutex mu;
-  static std::unordered_map<const void*, int64_t> wave;  // resident blocks on the device
+  static std::map<std::pair<int, const void*>, int64_t> wave;  // resident blocks, by (device, kernel)
+  int dev = 0;
+  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
   int64_t w = 0;
   {
     const std::lock_guard<std::mutex> lock(mu);
-    auto it = wave.find(kernel);
+    auto it = wave.find({dev, kernel});
     if (it == wave.end()) {
-      int dev = 0, sms = 0, per_sm = 0;
-      FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+      int sms = 0, per_sm = 0;
       FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
       FRINK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSWarps * 32, 0));
-      it = wave.emplace(kernel, int64_t{sms} * per_sm).first;
+      it = wave.emplace(std::pair{dev, kernel}, int64_t{sms} * per_sm).first;
     }
     w = it->second;
   }
@@ -780,9 +782,11 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       if (ks == 1) {
         const dim3 gw(one_wave_x(reinterpret_cast<const void*>(matvec_stream_kernel<T, NT, 1, R>), g), g.y);
         launch_dependent(matvec_stream_kernel<T, NT, 1, R>, gw, b, p.stream, s, x);
+      } else if (ks == 2) {
+        launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, p.stream, s, x);
+      } else {
+        launch_dependent(matvec_stream_kernel<T, NT, 4, R>, g, b, p.stream, s, x);
       }
-      else if (ks == 2) launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, p.stream, s, x);
-      else launch_dependent(matvec_stream_kernel<T, NT, 4, R>, g, b, p.stream, s, x);
     };
     using One = std::integral_constant<int, 1>;
     using Four = std::integral_constant<int, 4>;
