@@ -40,7 +40,7 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--peak-gbps", opt->p.peak_gbps,
                   "memory bandwidth limit in GB/s for the % peak column (default: the device's theoretical peak)");
   cmd->add_option("-o,--output", opt->output, "md or json")->check(CLI::IsMember({"md", "json"}));
-  cmd->add_flag("-v,--verbose", opt->verbose, "log more to stderr (with --device cuda: where each prompt batch's time goes)");
+  cmd->add_flag("-v,--verbose", opt->verbose, "log more to stderr (with --device cuda: where each prompt batch's and decode step's time goes)");
   return [opt]() {
     if (opt->verbose) set_log_level(LogLevel::kDebug);
     opt->p.device = device_choice(opt->device);
@@ -56,6 +56,7 @@ Runner add_bench(CLI::App& app) {
       std::fputs(bench_markdown_row(info, r).c_str(), stdout);
       std::fflush(stdout);
       if (!r.refusals.empty()) std::fprintf(stderr, "%s: device layers %s\n", r.test.c_str(), r.refusals.c_str());
+      if (!r.step_times.empty()) std::fprintf(stderr, "%s: %s\n", r.test.c_str(), r.step_times.c_str());
     });
     if (!md) fmt::print("{}\n", bench_json(info, rows).dump(2));
     return 0;

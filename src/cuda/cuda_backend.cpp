@@ -106,6 +106,8 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(e.ready);
     cudaEventDestroy(e.landed);
   }
+  for (cudaEvent_t e : step_ev_)
+    if (e) cudaEventDestroy(e);
   cudaStreamDestroy(copy_stream_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
@@ -907,6 +909,9 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   const Hparams& hp = m_.hp;
   FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
   FRINK_ASSERT((logits != nullptr) != (pick != nullptr), "run_token returns the logits or a pick, one of them");
+  using Clock = std::chrono::steady_clock;
+  const bool timed = log_level() >= LogLevel::kDebug;
+  const Clock::time_point t_enter = Clock::now();
   begin_batch(1, pos0, caches, recurrent);
   // Everything that may synchronise, allocate or upload happens here, before the replay.
   const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
@@ -957,7 +962,15 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
       FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_dev_, pick_host_, pick_dev_bytes(pick_host_->n_pen),
                                        cudaMemcpyHostToDevice, stream_));
     }
+    Clock::time_point t_launch{};
+    if (timed) {
+      for (cudaEvent_t& e : step_ev_)
+        if (!e) FRINK_CUDA_CHECK(cudaEventCreate(&e));
+      FRINK_CUDA_CHECK(cudaEventRecord(step_ev_[0], stream_));
+      t_launch = Clock::now();
+    }
     FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    if (timed) FRINK_CUDA_CHECK(cudaEventRecord(step_ev_[1], stream_));
     // The state after this token, where the state keeps one (every snapshot_interval-th
     // position): copied out after the replay, so the graph never depends on the position.
     if (recurrent && recurrent->wants_snapshot(pos0 + 1, pos0, pos0 + 1))
@@ -979,6 +992,17 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
       pick->top.clear();
       for (int i = 0; i < pick_k; ++i) pick->top.emplace_back(pick_ids_host_[i], pick_vals_host_[i]);
     }
+    if (timed) {  // flush waited for the stream: both events have completed
+      float graph_ms = 0.0f;
+      FRINK_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, step_ev_[0], step_ev_[1]));
+      const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+      const Clock::time_point t_end = Clock::now();
+      step_times_.graph_ms.push_back(graph_ms);
+      step_times_.prep_ms.push_back(ms(t_launch - t_enter));
+      step_times_.call_ms.push_back(ms(t_end - t_enter));
+      if (last_step_end_ != Clock::time_point{}) step_times_.between_ms.push_back(ms(t_enter - last_step_end_));
+      last_step_end_ = t_end;
+    }
   } catch (...) {
     // The booked rows never reached the host: forget them, so the error is this step's
     // alone and the next batch starts clean (the mirrors' rows past their seq_len are
@@ -988,6 +1012,22 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
     staging_used_ = staging_landed_ = 0;
     throw;
   }
+}
+
+std::string CudaBackend::take_step_times() {
+  StepTimes t = std::move(step_times_);
+  step_times_ = {};
+  last_step_end_ = {};
+  if (t.graph_ms.empty()) return {};
+  const auto median = [](std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  return fmt::format(
+      "{} whole-token steps, medians: graph {:.3f} ms on the device; on the host {:.3f} ms a call ({:.3f} before "
+      "the replay), {:.3f} ms between calls",
+      t.graph_ms.size(), median(t.graph_ms), median(t.call_ms), median(t.prep_ms), median(t.between_ms));
 }
 
 }  // namespace detail

@@ -76,6 +76,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   void output_logits(int64_t first, int64_t n, float* logits) override;
   void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, RecurrentState* recurrent,
                  float* logits, TokenPick* pick) override;
+  std::string take_step_times() override;
   // RecurrentDeviceLink
   void pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) override;
   void forget(const RecurrentState& s) noexcept override;
@@ -237,6 +238,16 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   static constexpr size_t kMaxTokenGraphs = 8;
   std::vector<TokenGraph> token_graphs_;
   int64_t n_captures_ = 0, n_evictions_ = 0;
+  // --verbose: each run_token step's graph time on the device (two timing events around the
+  // replay) against the host's: before the replay, the whole call, and between calls (the
+  // caller's own work). Why: a token whose device time is well under its period leaves the
+  // GPU idle while the host prepares and lands steps, which no kernel change can recover.
+  struct StepTimes {
+    std::vector<double> graph_ms, prep_ms, call_ms, between_ms;
+  };
+  StepTimes step_times_;
+  cudaEvent_t step_ev_[2] = {nullptr, nullptr};
+  std::chrono::steady_clock::time_point last_step_end_{};
 };
 
 }  // namespace frink::cuda::detail

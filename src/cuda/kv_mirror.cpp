@@ -3,6 +3,10 @@
 #include <bit>
 #include <cstring>
 
+// Header-only: the hash inlines, no library to link or carry to the GPU machine.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "cuda/cuda_check.h"
@@ -22,11 +26,10 @@ KvMirror::~KvMirror() {
 
 uint64_t KvMirror::fingerprint(const KvCache& cache) {
   if (cache.rows() == 0) return 0;
-  // FNV-1a over the bytes of the last K row.
-  const auto* p = reinterpret_cast<const unsigned char*>(cache.k(cache.rows() - 1));
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < static_cast<size_t>(cache.k_width()) * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  // XXH3 over the last K row. It runs twice per attention layer per decode step (prepare,
+  // caught_up): a byte-at-a-time FNV-1a over an 8B layer's 4 KiB row was ~5 us, 0.3 ms of
+  // host time per token with the device idle (H200, `frink bench -v`).
+  return XXH3_64bits(cache.k(cache.rows() - 1), static_cast<size_t>(cache.k_width()) * sizeof(float));
 }
 
 size_t KvMirror::growth_bytes(const KvCache& cache, int64_t n_new) const {

@@ -210,6 +210,7 @@ std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p, const std:
       r.refused_layers = static_cast<int64_t>(d.refused());
       r.refusals = d.summary();
       before = dec.refusals();
+      r.step_times = dec.take_device_step_times();
     }
     if (on_row) on_row(r);
     rows.push_back(std::move(r));

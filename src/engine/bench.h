@@ -54,6 +54,7 @@ struct BenchRow {
   // from the Decoder's refusal counters; empty on the host path.
   std::optional<int64_t> refused_layers;
   std::string refusals;                   // per reason, "ran 4128, moe 64"
+  std::string step_times;                 // where whole-token device steps spent their time (--verbose)
   std::string backend = "CPU";            // where the layers ran: "CPU" or "CUDA"
 };
 

@@ -41,6 +41,8 @@ class Decoder {
   std::string device_description() const;
   // The device's theoretical memory bandwidth in GB/s (0: host path or unknown).
   double device_peak_gbps() const;
+  // The device's whole-token steps since the last call, timed (DeviceBackend::take_step_times).
+  std::string take_device_step_times() { return device_ ? device_->take_step_times() : std::string(); }
   const RefusalCounts& refusals() const { return refusals_; }
   // Decode steps that ran as one device submission (DeviceBackend::run_token).
   int64_t whole_token_steps() const { return whole_token_steps_; }

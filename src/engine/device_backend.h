@@ -162,6 +162,9 @@ class DeviceBackend {
   // upload, run_layer / run_recurrent_layer for each layer and output_logits(0, 1), bit for bit.
   virtual void run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, RecurrentState* recurrent,
                          float* logits, TokenPick* pick) = 0;
+  // Where the run_token steps since the last call spent their time, one line (empty when none
+  // ran or the backend does not measure): at --verbose only, so the default path pays nothing.
+  virtual std::string take_step_times() { return {}; }
 };
 
 }  // namespace frink
