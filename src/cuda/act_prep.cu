@@ -17,7 +17,7 @@ namespace {
 // f16/bf16 rounding: one thread per element.
 __global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, bool bf16,
                                       float* out) {
-  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_in * n_tok; i += int64_t{gridDim.x} * blockDim.x) {
     const float v = x[(i / n_in) * x_stride + i % n_in];
     out[i] = bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
@@ -83,7 +83,7 @@ __device__ __forceinline__ float q8k_signed_max(const float (&v)[8], float& amax
 // magnitude (the host's strict '>'), so ties break to the lowest index here too.
 template <int BS>
 __global__ void act_round_block_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, float* out) {
-  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   constexpr int kPer = BS / 32;
   const int lane = threadIdx.x % 32;
   const int64_t n_blk = n_in / BS;
@@ -135,7 +135,7 @@ struct GluSource {
 
 template <typename Src>
 __global__ void quantize_q8_kernel(Src src, int64_t n_in, int64_t n_tok, int8_t* xq, float* xd) {
-  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   const int lane = threadIdx.x % 32;
   const int64_t n_blk = n_in / 32;
   const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
@@ -158,7 +158,7 @@ __device__ __forceinline__ int warp_isum(int v) {
 // warp's k-th column and its sum one warp reduction.
 template <typename Src>
 __global__ void quantize_q8k_kernel(Src src, int64_t n_in, int64_t n_tok, Q8KAct a) {
-  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   const int lane = threadIdx.x % 32;
   const int64_t n_blk = n_in / 256;
   const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
@@ -189,7 +189,7 @@ __global__ void quantize_q8k_kernel(Src src, int64_t n_in, int64_t n_tok, Q8KAct
 // registers. Q8_0: a 32-block is 8 consecutive threads of one warp; the arithmetic is
 // quantize_q8_kernel's, value for value.
 __global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, int8_t* xq, float* xd) {
-  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   float4 o[kNormVecPer];
   norm_vec_row(p, o, blockIdx.x);
   const int64_t n4 = p.n / 4, n_blk = p.n / 32, row = blockIdx.x;
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, 
 // (each thread scans its four in order with a strict '>', reductions keep the larger
 // magnitude and on a tie the lower index); sums per 32 over 8 threads.
 __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p, Q8KAct a) {
-  grid_dependents_launch();  // the product after it may start its weight copies (pdl.cuh)
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   __shared__ float s_amax[32], s_mx[32];
   __shared__ int s_idx[32];
   float4 o[kNormVecPer];
@@ -270,16 +270,18 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p,
 void launch_act_round(const MatmulParams& p, ActRound kind) {
   if (kind == kActF16 || kind == kActBF16) {
     const int64_t n = p.n_in * p.n_tok;
-    act_round_elem_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)), 256, 0, p.stream>>>(
-        p.x, p.x_stride, p.n_in, p.n_tok, kind == kActBF16, p.act_round);
+    launch_dependent(act_round_elem_kernel, static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)), 256, 0,
+                     p.stream, p.x, p.x_stride, p.n_in, p.n_tok, kind == kActBF16, p.act_round);
   } else {
     const int64_t bs = kind == kActQ8Blocks ? 32 : 256;
     const int64_t n_warps = p.n_tok * (p.n_in / bs);
     const unsigned grid = static_cast<unsigned>((n_warps + 7) / 8);
     if (kind == kActQ8Blocks)
-      act_round_block_kernel<32><<<grid, 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok, p.act_round);
+      launch_dependent(act_round_block_kernel<32>, grid, 256, 0, p.stream, p.x, p.x_stride, p.n_in, p.n_tok,
+                       p.act_round);
     else
-      act_round_block_kernel<256><<<grid, 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok, p.act_round);
+      launch_dependent(act_round_block_kernel<256>, grid, 256, 0, p.stream, p.x, p.x_stride, p.n_in, p.n_tok,
+                       p.act_round);
   }
   FRINK_CUDA_CHECK_LAUNCH();
 }
@@ -287,14 +289,16 @@ void launch_act_round(const MatmulParams& p, ActRound kind) {
 template <typename Src>
 void launch_q8(Src src, int64_t n_in, int64_t n_tok, int8_t* xq, float* xd, cudaStream_t stream) {
   const int64_t n_warps = n_tok * (n_in / 32);
-  quantize_q8_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, stream>>>(src, n_in, n_tok, xq, xd);
+  launch_dependent(quantize_q8_kernel<Src>, static_cast<unsigned>((n_warps + 7) / 8), 256, 0, stream, src, n_in, n_tok,
+                   xq, xd);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
 template <typename Src>
 void launch_q8k(Src src, int64_t n_in, int64_t n_tok, const Q8KAct& x, cudaStream_t stream) {
   const int64_t n_warps = n_tok * (n_in / 256);
-  quantize_q8k_kernel<<<static_cast<unsigned>((n_warps + 7) / 8), 256, 0, stream>>>(src, n_in, n_tok, x);
+  launch_dependent(quantize_q8k_kernel<Src>, static_cast<unsigned>((n_warps + 7) / 8), 256, 0, stream, src, n_in, n_tok,
+                   x);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
@@ -311,14 +315,14 @@ void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd) { launch_q8(GluSou
 void launch_glu_q8k(const GluParams& g, const Q8KAct& x) { launch_q8k(GluSource{g}, g.n, g.n_tok, x, g.stream); }
 
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {
-  norm_q8_kernel<<<static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
-                   np.stream>>>(np, xq, xd);
+  launch_dependent(norm_q8_kernel, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
+                   np.stream, np, xq, xd);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
 void launch_norm_q8k(const NormParams& np, const Q8KAct& x) {
-  norm_q8k_kernel<<<static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
-                    np.stream>>>(np, x);
+  launch_dependent(norm_q8k_kernel, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
+                   np.stream, np, x);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

@@ -40,6 +40,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/pdl.cuh"
 #include "cuda/q8_0_rule.cuh"
 
 namespace frink::cuda {
@@ -175,6 +176,7 @@ __device__ __forceinline__ float block_reduce(float v, float* s_red) {
 __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_red[kMergeWarps];
   __shared__ float s_acc[kMergeWarps][kAttnMaxHeadDim];
+  dependent_kernel_start();  // the wo product may start its weight copies (pdl.cuh)
   const int64_t h = blockIdx.x, t = blockIdx.y;
   const int64_t stride = 2 + p.head_dim_v;
   const int hdv = static_cast<int>(p.head_dim_v), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -672,6 +674,7 @@ __host__ __device__ constexpr int64_t dec_smem_floats(int64_t hdk, int64_t hdv, 
 
 __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb, int tiles) {
   extern __shared__ float4 dec_smem_raw[];  // float4: 16-byte aligned for cp.async
+  dependent_kernel_start();  // the merge may launch now and wait (pdl.cuh)
   float* const smem = reinterpret_cast<float*>(dec_smem_raw);
   const int64_t split = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * hb, t = blockIdx.z;
   const int64_t hk = h0 / (p.n_head / p.n_head_kv);  // hb divides the group: one KV head
@@ -956,17 +959,18 @@ void launch_attention(const AttnParams& p) {
     const int64_t most = dec_smem_floats(kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
     opt_in_smem(reinterpret_cast<const void*>(attn_decode_kernel),
                 static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), 0, dl);
-    attn_decode_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
-                              static_cast<unsigned>(p.n_tok)),
-                         kDecThreads, dec_smem, p.stream>>>(p, n_split, hb, static_cast<int>(chunk / kAttnChunk));
+    launch_dependent(attn_decode_kernel,
+                     dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
+                          static_cast<unsigned>(p.n_tok)),
+                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / kAttnChunk));
   } else {
     attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
                                static_cast<unsigned>(p.n_tok)),
                           kWarps * 32, 0, p.stream>>>(p, n_split, chunk);
   }
   FRINK_CUDA_CHECK_LAUNCH();
-  attn_merge_kernel<<<dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)), kMergeThreads, 0,
-                      p.stream>>>(p, n_split, chunk);
+  launch_dependent(attn_merge_kernel, dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)),
+                   kMergeThreads, 0, p.stream, p, n_split, chunk);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

@@ -447,6 +447,7 @@ void CudaBackend::flush() {
         if (pd.event < 0 && !synced) {
           FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
           synced = true;
+          flush_synced_ = Clock::now();  // run_token's --verbose times
         }
         land(pd);
       }
@@ -970,6 +971,7 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
       t_launch = Clock::now();
     }
     FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    const Clock::time_point t_launched = Clock::now();
     if (timed) FRINK_CUDA_CHECK(cudaEventRecord(step_ev_[1], stream_));
     // The state after this token, where the state keeps one (every snapshot_interval-th
     // position): copied out after the replay, so the graph never depends on the position.
@@ -985,6 +987,7 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
         FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_vals_host_, pick_vals_dev_, n_back * sizeof(float),
                                          cudaMemcpyDeviceToHost, stream_));
     }
+    const Clock::time_point t_flush = Clock::now();
     flush();
     if (logits) std::memcpy(logits, out_host_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float));
     if (pick && pick_k == 0) pick->id = pick_ids_host_[0];
@@ -999,6 +1002,9 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
       const Clock::time_point t_end = Clock::now();
       step_times_.graph_ms.push_back(graph_ms);
       step_times_.prep_ms.push_back(ms(t_launch - t_enter));
+      step_times_.launch_ms.push_back(ms(t_launched - t_launch));
+      step_times_.wait_ms.push_back(ms(flush_synced_ - t_flush));
+      step_times_.land_ms.push_back(ms(t_end - flush_synced_));
       step_times_.call_ms.push_back(ms(t_end - t_enter));
       if (last_step_end_ != Clock::time_point{}) step_times_.between_ms.push_back(ms(t_enter - last_step_end_));
       last_step_end_ = t_end;
@@ -1026,8 +1032,9 @@ std::string CudaBackend::take_step_times() {
   };
   return fmt::format(
       "{} whole-token steps, medians: graph {:.3f} ms on the device; on the host {:.3f} ms a call ({:.3f} before "
-      "the replay), {:.3f} ms between calls",
-      t.graph_ms.size(), median(t.graph_ms), median(t.call_ms), median(t.prep_ms), median(t.between_ms));
+      "the replay, {:.3f} launching it, {:.3f} waiting, {:.3f} landing rows after), {:.3f} ms between calls",
+      t.graph_ms.size(), median(t.graph_ms), median(t.call_ms), median(t.prep_ms), median(t.launch_ms),
+      median(t.wait_ms), median(t.land_ms), median(t.between_ms));
 }
 
 }  // namespace detail

@@ -243,8 +243,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // caller's own work). Why: a token whose device time is well under its period leaves the
   // GPU idle while the host prepares and lands steps, which no kernel change can recover.
   struct StepTimes {
-    std::vector<double> graph_ms, prep_ms, call_ms, between_ms;
+    std::vector<double> graph_ms, prep_ms, launch_ms, wait_ms, land_ms, call_ms, between_ms;
   };
+  std::chrono::steady_clock::time_point flush_synced_{};  // when flush's wait for a decode step ended
   StepTimes step_times_;
   cudaEvent_t step_ev_[2] = {nullptr, nullptr};
   std::chrono::steady_clock::time_point last_step_end_{};

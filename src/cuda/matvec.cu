@@ -781,11 +781,11 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       constexpr bool R = decltype(rope)::value;
       if (ks == 1) {
         const dim3 gw(one_wave_x(reinterpret_cast<const void*>(matvec_stream_kernel<T, NT, 1, R>), g), g.y);
-        launch_dependent(matvec_stream_kernel<T, NT, 1, R>, gw, b, p.stream, s, x);
+        launch_dependent(matvec_stream_kernel<T, NT, 1, R>, gw, b, 0, p.stream, s, x);
       } else if (ks == 2) {
-        launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, p.stream, s, x);
+        launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, 0, p.stream, s, x);
       } else {
-        launch_dependent(matvec_stream_kernel<T, NT, 4, R>, g, b, p.stream, s, x);
+        launch_dependent(matvec_stream_kernel<T, NT, 4, R>, g, b, 0, p.stream, s, x);
       }
     };
     using One = std::integral_constant<int, 1>;

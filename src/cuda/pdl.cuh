@@ -2,8 +2,17 @@
 // kernel before it on the stream is still finishing, and must call grid_dependency_wait()
 // before it reads (or writes) anything that kernel or an earlier one touches. What it does
 // before the wait overlaps its predecessor: the matrix-vector kernels prefetch their weights
-// there. Off unless FRINK_CUDA_PDL=1 and the device is sm_90 or newer: written without device
-// time to measure it (see docs/gpu-notes.md), so the default stays the measured path.
+// there; the small kernels between products (activation preparation, decode attention and its
+// merge) start with dependent_kernel_start(), which lets the next kernel launch at once and
+// then waits, so their launches and the next product's first weight copies overlap.
+// The products themselves never let their successor launch early. Measured on the H200 (graph
+// time per decode token by events, `frink bench -v`; docs/gpu-notes.md, seventh session):
+//   off: 8B Q4_0 2.578 ms, Q8_0 3.75 ms, qwen3-30b-a3b 3.17 ms;
+//   products as dependents only: 8B Q4_0 2.494 ms, qwen3-30b-a3b 3.17 ms;
+//   + the small kernels above (this file's rule): 2.350, 3.41, 3.03 ms;
+//   + the products letting their successor launch at their start: 2.54, 3.49, 3.03 ms (worse);
+//   + every other small kernel (norms, RoPE, routing, delta net, sampling): within 0.5%, not kept.
+// On for sm_90 and newer; FRINK_CUDA_PDL=0 turns it off (to rule it out when chasing a race).
 #pragma once
 
 #include <cstdlib>
@@ -21,7 +30,7 @@ namespace frink::cuda {
 inline bool pdl_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("FRINK_CUDA_PDL");
-    if (!v || std::strcmp(v, "1") != 0) return false;
+    if (v && std::strcmp(v, "0") == 0) return false;
     int dev = 0, major = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
@@ -43,13 +52,14 @@ inline bool pdl_compiled(const void* kernel) {
   return ok;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...), with programmatic serialization when enabled.
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic serialization when enabled.
 template <typename... KArgs, typename... Args>
-void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -68,14 +78,21 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
-// Lets the kernel launched after this one as a dependent start now (its blocks then run up
-// to their grid_dependency_wait(), which still waits for this whole kernel): called first by
-// the small kernels that prepare a product's activation, so the product's weight copies
-// overlap them. A no-op when no dependent follows, and before sm_90.
+// Lets the kernel launched after this one as a dependent start once every block of this one
+// has called it (its blocks then run up to their grid_dependency_wait(), which still waits
+// for this whole kernel). A no-op when no dependent follows, and before sm_90.
 __device__ __forceinline__ void grid_dependents_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// The first statement of a small kernel launched with launch_dependent: the kernel after it
+// may launch now (and wait in turn), and this one waits for the kernel before it. Nothing may
+// come before it: every read or write of the kernel follows the wait.
+__device__ __forceinline__ void dependent_kernel_start() {
+  grid_dependents_launch();
+  grid_dependency_wait();
 }
 #endif
 
