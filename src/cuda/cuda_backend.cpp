@@ -442,6 +442,9 @@ void CudaBackend::flush() {
       for (const std::exception_ptr& e : errors)
         if (e) std::rethrow_exception(e);
     } else {
+      // While the device still runs, the rows' host storage is made resident (KvCache::ready_rows).
+      for (const Pending& pd : pending_)
+        if (pd.event < 0) pd.cache->ready_rows(n_tok_);
       bool synced = false;  // a decode step's layers (none early) wait for the stream once, not per layer
       for (const Pending& pd : pending_) {
         if (pd.event < 0 && !synced) {

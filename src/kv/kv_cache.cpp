@@ -18,9 +18,21 @@ KvCache::KvCache(int64_t k_width, int64_t v_width, int64_t planned_capacity)
 void KvCache::append(const float* k_row, const float* v_row) {
   if (planned_capacity_ > 0 && rows_ >= planned_capacity_)
     fail("the context is full ({} tokens); start a new conversation or raise -c", planned_capacity_);
-  k_.insert(k_.end(), k_row, k_row + k_width_);
-  if (v_width_ > 0) v_.insert(v_.end(), v_row, v_row + v_width_);
+  const auto put = [this](std::vector<float>& dst, const float* row, int64_t width) {
+    const size_t at = static_cast<size_t>(rows_ * width);
+    if (dst.size() < at + static_cast<size_t>(width)) dst.resize(at + static_cast<size_t>(width));
+    std::copy(row, row + width, dst.begin() + static_cast<std::ptrdiff_t>(at));
+  };
+  put(k_, k_row, k_width_);
+  if (v_width_ > 0) put(v_, v_row, v_width_);
   ++rows_;
+}
+
+void KvCache::ready_rows(int64_t n) {
+  int64_t want = rows_ + n;
+  if (planned_capacity_ > 0) want = std::min(want, planned_capacity_);
+  if (static_cast<int64_t>(k_.size()) < want * k_width_) k_.resize(static_cast<size_t>(want * k_width_));
+  if (v_width_ > 0 && static_cast<int64_t>(v_.size()) < want * v_width_) v_.resize(static_cast<size_t>(want * v_width_));
 }
 
 void KvCache::truncate(int64_t n) {
