@@ -36,6 +36,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include <cuda_fp16.h>
 
@@ -58,6 +61,16 @@ __host__ __device__ int64_t split_keys(int64_t n_tok) {
   return n_tok < kAttnPrefillMinTok ? kAttnChunk : kAttnChunk * kPrefillSplitTiles;
 }
 __host__ __device__ int64_t n_split_for(int64_t n_keys, int64_t chunk) { return (n_keys + chunk - 1) / chunk; }
+
+// 64-key tiles per decode split: 2 when even the shortest context a grid for max_keys serves
+// (a token graph's bound is the next power of two of the length: at least max_keys / 2 keys)
+// gives 4 waves of one-tile blocks (blocks_per_split per split, `resident` blocks at once).
+// Why: at 16.5k keys (8B, 8 KV heads) the merge, one block per head over 258 partials, took
+// 30 us of a layer's 110 us of attention (ncu, H200); 128-key splits halve its partials, and
+// the token's graph went 5.48 -> 5.03 ms. Shorter contexts keep one tile: their blocks are few.
+int decode_split_tiles(int64_t max_keys, int64_t blocks_per_split, int64_t resident) {
+  return resident > 0 && max_keys / 2 / kAttnChunk * blocks_per_split >= 4 * resident ? 2 : 1;
+}
 
 // The keys query t sees: [first, end), end = pos + 1; a window keeps the last `window` of
 // them (llama.cpp's is_masked_swa, standard type, as the host).
@@ -656,9 +669,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 // old kernel walked a 256-key split in 8 serial tiles of 4-byte loads: latency bound).
 // Per tile: scores (thread = key j, heads of j's set), a softmax step per head (a warp per
 // head: the tile's max, the running max, sum and correction in s_ml), and P.V (thread = 4
-// columns of V for its heads, accumulators kept across tiles). Prefill-sized batches take
-// `tiles` tiles per split (split_keys). Writes the partials (m, l, acc) that
-// attn_merge_kernel combines, in f32 throughout (the host's arithmetic up to summation order).
+// columns of V for its heads, accumulators kept across tiles). Prefill-sized batches and
+// decode against long contexts take `tiles` tiles per split (plan_splits). Writes the
+// partials (m, l, acc) that attn_merge_kernel combines, in f32 throughout (the host's
+// arithmetic up to summation order).
 constexpr int kDecThreads = 128, kDecMaxHeads = 8;
 constexpr int kDecSets = kDecThreads / static_cast<int>(kAttnChunk);  // threads per key in scoring
 constexpr int kDecHeadsPerThread = kDecMaxHeads / kDecSets;
@@ -913,6 +927,21 @@ void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits&
   if (dev < kMaxDevices) opted[slot][dev].store(true, std::memory_order_release);
 }
 
+// Decode blocks of `smem` bytes resident on the whole current device at once; remembered per
+// (device, smem), as every decode launch outside a token graph asks.
+int64_t resident_decode_blocks(size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<int, size_t>, int64_t> known;
+  int dev = 0;
+  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find({dev, smem}); it != known.end()) return it->second;
+  int per_sm = 0, sms = 0;
+  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  FRINK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_decode_kernel, kDecThreads, smem));
+  return known[{dev, smem}] = int64_t{per_sm} * sms;
+}
+
 // Query heads per decode block: the largest divisor of the group up to kDecMaxHeads.
 int decode_heads_per_block(int64_t group) {
   for (int hb = kDecMaxHeads; hb > 1; --hb)
@@ -920,7 +949,33 @@ int decode_heads_per_block(int64_t group) {
   return 1;
 }
 
+// How a split-K batch runs: the decode kernel (head dims % 4, 16-byte rows, its shared memory
+// fits) with hb query heads per block, or the per-head fallback; keys per split (chunk).
+struct SplitPlan {
+  bool dec_kernel = false;
+  int hb = 1;
+  size_t dec_smem = 0;
+  int64_t chunk = 0, resident = 0;  // resident: decode blocks the device holds at once (0: not asked)
+};
+SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
+  SplitPlan sp;
+  sp.hb = decode_heads_per_block(p.n_head / p.n_head_kv);
+  sp.dec_smem = static_cast<size_t>(dec_smem_floats(p.head_dim_k, p.head_dim_v, sp.hb)) * sizeof(float);
+  sp.dec_kernel = p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && aligned16(p.k) && aligned16(p.v) &&
+                  sp.dec_smem <= static_cast<size_t>(dl.smem_optin);
+  sp.chunk = split_keys(p.n_tok);
+  if (sp.dec_kernel && p.n_tok < kAttnPrefillMinTok) {
+    sp.resident = resident_decode_blocks(sp.dec_smem);
+    sp.chunk = kAttnChunk * decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident);
+  }
+  return sp;
+}
+
 }  // namespace
+
+int attn_split_tiles(const AttnParams& p) {
+  return static_cast<int>(plan_splits(p, device_limits()).chunk / kAttnChunk);
+}
 
 void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
@@ -951,10 +1006,11 @@ void launch_attention(const AttnParams& p) {
     FRINK_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t chunk = split_keys(p.n_tok), n_split = n_split_for(p.max_keys, chunk), group = p.n_head / p.n_head_kv;
-  const int hb = decode_heads_per_block(group);
-  const size_t dec_smem = static_cast<size_t>(dec_smem_floats(p.head_dim_k, p.head_dim_v, hb)) * sizeof(float);
-  if (p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && rows16 && dec_smem <= static_cast<size_t>(dl.smem_optin)) {
+  const SplitPlan sp = plan_splits(p, dl);
+  const int hb = sp.hb;
+  const size_t dec_smem = sp.dec_smem;
+  const int64_t chunk = sp.chunk, n_split = n_split_for(p.max_keys, chunk);
+  if (sp.dec_kernel) {
     // To the most any shape takes (the launch still allocates only what it asks).
     const int64_t most = dec_smem_floats(kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
     opt_in_smem(reinterpret_cast<const void*>(attn_decode_kernel),

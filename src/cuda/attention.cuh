@@ -75,6 +75,10 @@ bool attn_writes_q8_0(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 // Scratch floats the split-K partials need for a grid sized by max_keys.
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v);
+// 64-key tiles per split that launch_attention gives a split-K batch with these parameters
+// on the current device: 2 for decode batches against long contexts, 1 for shorter ones, 8
+// for prefill-sized batches (head dims above 128).
+int attn_split_tiles(const AttnParams& p);
 void launch_attention(const AttnParams& p);
 
 // The batch's new K/V rows ([n_tok][k_width], [n_tok][v_width]) into the mirror at rows

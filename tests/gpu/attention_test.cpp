@@ -154,6 +154,32 @@ TEST(CudaAttention, DecodeSplitKMatchesReference) {
   }
 }
 
+// Grids for 65536 keys (a token graph past 32k) take two 64-key tiles per split
+// (attn_split_tiles): a split then spans tiles, a window starts inside one, and most splits
+// of the grid lie past the context. The same answers as above.
+TEST(CudaAttention, LongContextSplitsOfTwoTilesMatchReference) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  const Case cases[] = {
+      {1, 4999, 32, 8, 128, 0.0f, 65536},                     // 5000 keys, group 4 (Llama-3 8B)
+      {4, 300, 8, 2, 128, 30.0f, 65536},                      // queries at 301..304, softcap
+      {1, 4999, 16, 16, 64, 0.0f, 65536, 1000, false, true},  // window + sinks, group 1
+      {1, 200, 16, 16, 64, 0.0f, 65536, 100, true},           // window from a split's second tile, ALiBi
+  };
+  for (const Case& c : cases) {
+    cuda::AttnParams q;  // the shape alone decides (device memory is not read)
+    q.n_tok = c.n_tok;
+    q.max_keys = c.max_keys;
+    q.n_head = c.n_head;
+    q.n_head_kv = c.n_head_kv;
+    q.head_dim_k = q.head_dim_v = c.hd;
+    ASSERT_EQ(cuda::attn_split_tiles(q), 2) << describe(c);
+    const double e = run_case(rng, c);
+    std::printf("decode  %s: nmse %.3g (two-tile splits)\n", describe(c).c_str(), e);
+    EXPECT_LT(e, 1e-9) << describe(c);
+  }
+}
+
 // Prefill batches: the tensor-core kernel from kAttnMmaMinTok queries at head dims 64/128
 // (with pos0 > 0, partial query and key tiles, GQA, windows narrower than a tile, ALiBi,
 // sinks, softcap, and inputs beyond f16's range), the f32 tiled kernel for the rest, and
