@@ -48,8 +48,10 @@ for T in ${TYPES:-Q4_0}; do
   for V in "${variants[@]}"; do
     [ -n "$NO_BENCH" ] && break
     echo "== $T ${V:-(default)}" | tee -a "$OUT/bench.txt"
-    env $V "$FRINK" bench -m /tmp/m.gguf --device cuda -p ${PP:-512} -n 128 -d ${DEPTHS:-0} -r ${REPS:-3} --peak-gbps 4300 2>&1 |
-      grep -v "uploading weights" | tee -a "$OUT/bench.txt"
+    # -v adds each tg row's step times (graph on the device against the host's share); the
+    # per-batch debug lines it also prints are left out.
+    env $V "$FRINK" bench -m /tmp/m.gguf --device cuda -p ${PP:-512} -n 128 -d ${DEPTHS:-0} -r ${REPS:-3} --peak-gbps 4300 -v 2>&1 |
+      grep -v "uploading weights\|device batch\|token graph capture\|evicted KV" | tee -a "$OUT/bench.txt"
   done
   if [ -n "$PROFILE" ]; then
     timeout 200 ncu --clock-control none ${NCU_FLAGS} --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_tg_$T.csv" \
