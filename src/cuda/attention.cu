@@ -939,7 +939,9 @@ int64_t resident_decode_blocks(size_t smem) {
   int per_sm = 0, sms = 0;
   FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   FRINK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_decode_kernel, kDecThreads, smem));
-  return known[{dev, smem}] = int64_t{per_sm} * sms;
+  const int64_t n = int64_t{per_sm} * sms;
+  if (n > 0) known[{dev, smem}] = n;  // 0 (not opted in yet): asked again, never remembered
+  return n;
 }
 
 // Query heads per decode block: the largest divisor of the group up to kDecMaxHeads.
@@ -964,6 +966,13 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   sp.dec_kernel = p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && aligned16(p.k) && aligned16(p.v) &&
                   sp.dec_smem <= static_cast<size_t>(dl.smem_optin);
   sp.chunk = split_keys(p.n_tok);
+  if (sp.dec_kernel) {
+    // To the most any shape takes (a launch still allocates only what it asks); before the
+    // occupancy query below, which counts no block whose shared memory is not opted in.
+    const int64_t most = dec_smem_floats(kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
+    opt_in_smem(reinterpret_cast<const void*>(attn_decode_kernel),
+                static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), 0, dl);
+  }
   if (sp.dec_kernel && p.n_tok < kAttnPrefillMinTok) {
     sp.resident = resident_decode_blocks(sp.dec_smem);
     sp.chunk = kAttnChunk * decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident);
@@ -1010,11 +1019,7 @@ void launch_attention(const AttnParams& p) {
   const int hb = sp.hb;
   const size_t dec_smem = sp.dec_smem;
   const int64_t chunk = sp.chunk, n_split = n_split_for(p.max_keys, chunk);
-  if (sp.dec_kernel) {
-    // To the most any shape takes (the launch still allocates only what it asks).
-    const int64_t most = dec_smem_floats(kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
-    opt_in_smem(reinterpret_cast<const void*>(attn_decode_kernel),
-                static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), 0, dl);
+  if (sp.dec_kernel) {  // opted in to its shared memory by plan_splits
     launch_dependent(attn_decode_kernel,
                      dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                           static_cast<unsigned>(p.n_tok)),
