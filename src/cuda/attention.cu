@@ -36,13 +36,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include <cuda_fp16.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/occupancy.h"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_0_rule.cuh"
 
@@ -927,23 +925,6 @@ void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits&
   if (dev < kMaxDevices) opted[slot][dev].store(true, std::memory_order_release);
 }
 
-// Decode blocks of `smem` bytes resident on the whole current device at once; remembered per
-// (device, smem), as every decode launch outside a token graph asks.
-int64_t resident_decode_blocks(size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<int, size_t>, int64_t> known;
-  int dev = 0;
-  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mu);
-  if (auto it = known.find({dev, smem}); it != known.end()) return it->second;
-  int per_sm = 0, sms = 0;
-  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  FRINK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_decode_kernel, kDecThreads, smem));
-  const int64_t n = int64_t{per_sm} * sms;
-  if (n > 0) known[{dev, smem}] = n;  // 0 (not opted in yet): asked again, never remembered
-  return n;
-}
-
 // Query heads per decode block: the largest divisor of the group up to kDecMaxHeads.
 int decode_heads_per_block(int64_t group) {
   for (int hb = kDecMaxHeads; hb > 1; --hb)
@@ -974,7 +955,7 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
                 static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), 0, dl);
   }
   if (sp.dec_kernel && p.n_tok < kAttnPrefillMinTok) {
-    sp.resident = resident_decode_blocks(sp.dec_smem);
+    sp.resident = resident_blocks(reinterpret_cast<const void*>(attn_decode_kernel), kDecThreads, sp.dec_smem);
     sp.chunk = kAttnChunk * decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident);
   }
   return sp;

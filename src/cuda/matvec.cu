@@ -19,15 +19,13 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
-#include <map>
-#include <mutex>
 #include <type_traits>
-#include <utility>
 
 #include <cuda_pipeline.h>
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
+#include "cuda/occupancy.h"
 #include "cuda/pdl.cuh"
 #include "cuda/rope_math.cuh"
 
@@ -704,22 +702,7 @@ static int matvec_ksplit(int64_t n_chunks) { return n_chunks >= 8 ? 4 : n_chunks
 // grids are under one wave or over two (gate/up 2.7 waves: walking 2-3 row pairs per warp
 // was v4, slower), and KS > 1 launches are one row pair per warp group: both unchanged.
 static unsigned one_wave_x(const void* kernel, dim3 g) {
-  static std::mutex mu;
-  static std::map<std::pair<int, const void*>, int64_t> wave;  // resident blocks, by (device, kernel)
-  int dev = 0;
-  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
-  int64_t w = 0;
-  {
-    const std::lock_guard<std::mutex> lock(mu);
-    auto it = wave.find({dev, kernel});
-    if (it == wave.end()) {
-      int sms = 0, per_sm = 0;
-      FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      FRINK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSWarps * 32, 0));
-      it = wave.emplace(std::pair{dev, kernel}, int64_t{sms} * per_sm).first;
-    }
-    w = it->second;
-  }
+  const int64_t w = resident_blocks(kernel, kSWarps * 32, 0);
   const int64_t total = int64_t{g.x} * g.y;
   if (w <= 0 || total <= w || total > 2 * w) return g.x;
   return static_cast<unsigned>(std::max<int64_t>(1, (w / g.y)));

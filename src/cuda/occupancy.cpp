@@ -1,0 +1,29 @@
+#include "cuda/occupancy.h"
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_check.h"
+
+namespace frink::cuda {
+
+int64_t resident_blocks(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int64_t> known;
+  int dev = 0;
+  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto key = std::make_tuple(dev, kernel, threads, smem);
+  const std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  FRINK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t n = int64_t{sms} * per_sm;
+  if (n > 0) known.emplace(key, n);
+  return n;
+}
+
+}  // namespace frink::cuda

@@ -1,0 +1,16 @@
+// How many blocks of a kernel the current device holds at once: the one occupancy query the
+// launch rules share (matvec.cu's one-wave grids, attention.cu's decode split tiles).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace frink::cuda {
+
+// Blocks of `kernel` at `threads` threads and `smem` bytes of dynamic shared memory resident
+// on the whole current device (SMs x blocks per SM), remembered per (device, kernel, threads,
+// smem). 0 when none fits, e.g. shared memory above 48 KiB not yet opted in (cudaFuncSetAttribute):
+// a 0 is asked again next time, never remembered.
+int64_t resident_blocks(const void* kernel, int threads, size_t smem);
+
+}  // namespace frink::cuda
