@@ -392,7 +392,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
 // their row pairs one index space, so the small K/V products need no launches of their own
 // (v4's grouped q/k/v: 12.9 us against 20.6 us in three launches).
 constexpr int kSRows = 2;   // rows per item (their activation loads shared, see blocks_dot)
-constexpr int kStages = 2;  // items per warp in shared memory: kStages - 1 in flight
+constexpr int kStages = 2;  // items per warp in shared memory (S): S - 1 in flight; 3 in one case (below)
 
 // MatmulParams::rope as a stream launch applies it (the kernel's Rope store): per product of
 // the launch, whether its row pairs rotate (q, k) and where its rows are appended (k, v: the
@@ -420,12 +420,19 @@ struct Segs {
 // one per row pair, each walking its chunks one after another. KS > 1 runs one row pair per
 // warp group (the launch sizes the grid so), as the block meets one barrier at the end.
 // Rope: the store applies MatmulParams::rope (store_rope below); only q/k/v launches carry it.
-template <int T, int NT, int KS, bool Rope = false>
-__global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, StagedAct x) {
+// Registers: ptxas's own choice (46-56 for one token), but Q8_0's split launches are held to
+// 40 (12 blocks a SM, by the launch bound) without spilling: 8B Q8_0 tg128 graph 3.423 /
+// 3.422 -> 3.397 / 3.395 ms (H200, one call, alternating). The same bound on every type
+// spilled Q4_0's pairs and Q4_K (Q4_0 2.42 -> 2.83 ms) and slowed BF16 (4.87 -> 5.18 ms,
+// unspilled); a bound of one block a SM let ptxas take 68-99 registers (Q8_0 3.41 -> 4.10
+// ms): each type has its own best occupancy.
+template <int T, int NT, int KS, bool Rope = false, int S = kStages>
+__global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 ? 12 : 0)
+    matvec_stream_kernel(Segs sg, StagedAct x) {
   static_assert(KS == 1 || KS == 2 || KS == 4, "warps per row pair");
   constexpr int kChunk = Staged<T>::kChunk;
   constexpr int kPairs = kSWarps / KS;  // row pairs per block
-  __shared__ __align__(16) uint8_t sm[kSWarps][kStages][kSRows][kChunk];
+  __shared__ __align__(16) uint8_t sm[kSWarps][S][kSRows][kChunk];
   // Expert mode: select_slot points each product at the slot's expert (all the launch's
   // products follow one routing: launch_matmuls groups them so); `first` once here, the
   // others where their rows are copied (w + e * expert_bytes) and stored.
@@ -473,7 +480,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
   auto chunk_blocks = [&](int64_t c) {
     return static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - c * Staged<T>::kBlocks));
   };
-  // Item it's rows into stage it % kStages: 16-byte copies, lanes strided (coalesced). A
+  // Item it's rows into stage it % S: 16-byte copies, lanes strided (coalesced). A
   // product's odd last row pair copies its last row twice (computed, never stored).
   auto issue = [&](int64_t it) {
     if (it >= n_items) return;
@@ -488,7 +495,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
     for (int r = 0; r < kSRows; ++r) {
       const uint8_t* src =
           w + min(row0 + r, n_out - 1) * row_bytes + c * Staged<T>::kBlocks * Staged<T>::kBlockBytes;
-      uint8_t* dst = sm[warp][it % kStages][r];
+      uint8_t* dst = sm[warp][it % S][r];
       for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
     }
   };
@@ -547,7 +554,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
+  for (int st = 0; st < S - 1; ++st) {
     issue(st);
     __pipeline_commit();
   }
@@ -555,14 +562,14 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_stream_kernel(Segs sg, St
   // (launch_dependent); x, y and the residual are read and written only after this.
   grid_dependency_wait();
   for (int64_t it = 0; it < n_items; ++it) {
-    issue(it + kStages - 1);
+    issue(it + S - 1);
     __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
-    __pipeline_wait_prior(kStages - 1);  // item it has landed (this lane's copies)
+    __pipeline_wait_prior(S - 1);        // item it has landed (this lane's copies)
     __syncwarp();                        // ... and every lane's
     const int64_t c = chunk_of(it);
-    blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % kStages][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
+    blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % S][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
                               acc);
-    __syncwarp();  // stage it % kStages is read by all lanes before item it + kStages overwrites it
+    __syncwarp();  // stage it % S is read by all lanes before item it + S overwrites it
     if constexpr (KS == 1) {
       if (c == n_chunks - 1) {
         int64_t row0;
@@ -766,7 +773,15 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         const dim3 gw(one_wave_x(reinterpret_cast<const void*>(matvec_stream_kernel<T, NT, 1, R>), g), g.y);
         launch_dependent(matvec_stream_kernel<T, NT, 1, R>, gw, b, 0, p.stream, s, x);
       } else if (ks == 2) {
-        launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, 0, p.stream, s, x);
+        // Two chunks in flight per warp where each walks three or more (the 4-bit 8B down:
+        // 7 chunks over 2 warps) and a third stage leaves the grid one wave (chunks up to
+        // 1152 bytes: 27.6 KB a block, 8 a SM). Measured (H200, 8B tg128 graph time, one call,
+        // alternating, with the Q8_0 bound above): Q4_0 2.357 / 2.356 -> 2.332 / 2.332 ms,
+        // Q4_K_M 3.131 / 3.138 -> 3.131 / 3.131. A third stage for every split launch cost
+        // Q8_0 and BF16 3% (fewer blocks resident, nothing more in flight).
+        if (n_chunks >= 5 && Staged<T>::kChunk <= 1152)
+          launch_dependent(matvec_stream_kernel<T, NT, 2, R, 3>, g, b, 0, p.stream, s, x);
+        else launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, 0, p.stream, s, x);
       } else {
         launch_dependent(matvec_stream_kernel<T, NT, 4, R>, g, b, 0, p.stream, s, x);
       }

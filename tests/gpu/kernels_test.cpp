@@ -875,9 +875,11 @@ TEST(CudaKernels, SplitRowsMatchWholeRows) {
   std::mt19937 rng(53);
   const int64_t n_out = 37;
   // Staged rows (16-byte multiples): Q6_K needs 2048-element multiples (6144: 3 chunks); Q4_0
-  // at 2304 has 2 chunks, so at KS = 4 two warps of a group get none.
+  // at 2304 has 2 chunks, so at KS = 4 two warps of a group get none; Q4_0 and Q4_K at 14336
+  // have 7, which at KS = 2 take the three-stage kernel.
   const std::vector<std::pair<GgmlType, int64_t>> cases = {
-      {GgmlType::Q4_0, 7168}, {GgmlType::Q4_0, 2304}, {GgmlType::Q8_0, 7168}, {GgmlType::Q4_K, 7168},
+      {GgmlType::Q4_0, 7168}, {GgmlType::Q4_0, 2304}, {GgmlType::Q4_0, 14336}, {GgmlType::Q8_0, 7168},
+      {GgmlType::Q4_K, 7168}, {GgmlType::Q4_K, 14336},
       {GgmlType::Q6_K, 6144}, {GgmlType::BF16, 7168}, {GgmlType::F16, 7168}};
   for (const auto& [t, n_in] : cases) {
     for (int64_t n_tok : {1, 4, 6}) {
