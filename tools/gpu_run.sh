@@ -13,6 +13,7 @@
 # PROFILE=1 adds an ncu decode profile per type, PROFILE_PP=1 one of a pp512 batch; both are
 # slow (ncu replays each kernel): keep TYPES short when profiling. NCU_FLAGS="--cache-control none"
 # keeps L2 warm between kernels as in a real run (by default ncu flushes it before each).
+# SYNTH_FLAGS go to frink synth (e.g. "--layers 8" for the 80B hybrid).
 # NO_BENCH=1 skips the benches (a profile-only call); VARIANTS (below) benches each file under
 # several environment settings. MICRO=1 first builds and runs the two microbenchmarks
 # (tools/stream_ceiling.cu, tools/step_latency.cu) with the device's nvcc.
@@ -41,7 +42,7 @@ fi
 timeout ${TEST_TIMEOUT:-200} "$TEST_GPU" 2>&1 | tee "$OUT/test_gpu.txt" |
   grep -E "^\[gpu\]|FAILED|PASSED|Failure|error" | head -80
 for T in ${TYPES:-Q4_0}; do
-  "$FRINK" synth --preset ${PRESET:-llama3.1-8b} --type "$T" -o /tmp/m.gguf 2>&1 | tail -1
+  "$FRINK" synth --preset ${PRESET:-llama3.1-8b} --type "$T" ${SYNTH_FLAGS} -o /tmp/m.gguf 2>&1 | tail -1
   # VARIANTS: ';'-separated environment settings, one bench each on the same file (an A/B in
   # one call), e.g. VARIANTS="; FRINK_CUDA_KSPLIT=1; FRINK_CUDA_Q4_PAIRS=1"; unset: one plain bench.
   IFS=';' read -r -a variants <<< "${VARIANTS:- }"
