@@ -779,9 +779,13 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // alternating, with the Q8_0 bound above): Q4_0 2.357 / 2.356 -> 2.332 / 2.332 ms,
         // Q4_K_M 3.131 / 3.138 -> 3.131 / 3.131. A third stage for every split launch cost
         // Q8_0 and BF16 3% (fewer blocks resident, nothing more in flight).
-        if (n_chunks >= 5 && Staged<T>::kChunk <= 1152)
-          launch_dependent(matvec_stream_kernel<T, NT, 2, R, 3>, g, b, 0, p.stream, s, x);
-        else launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, 0, p.stream, s, x);
+        if constexpr (Staged<T>::kChunk <= 1152) {  // no three-stage kernel for wider chunks
+          if (n_chunks >= 5) {
+            launch_dependent(matvec_stream_kernel<T, NT, 2, R, 3>, g, b, 0, p.stream, s, x);
+            return;
+          }
+        }
+        launch_dependent(matvec_stream_kernel<T, NT, 2, R>, g, b, 0, p.stream, s, x);
       } else {
         launch_dependent(matvec_stream_kernel<T, NT, 4, R>, g, b, 0, p.stream, s, x);
       }
