@@ -60,6 +60,21 @@ __host__ __device__ int64_t split_keys(int64_t n_tok) {
 }
 __host__ __device__ int64_t n_split_for(int64_t n_keys, int64_t chunk) { return (n_keys + chunk - 1) / chunk; }
 
+// Keys per decode tile: 16 or 32 for grids of at most kDecSmallTileSplits such tiles, else
+// kAttnChunk. Why: at a short context a 64-key tile leaves a handful of blocks (8B: one per
+// KV head and 64 keys), each copying 64 KB of K/V through one SM and walking 64 keys serially
+// in scoring and P.V: 7.7 us per layer for at most 128 keys (ncu, H200, eighth session), the
+// largest small kernel of a short-context token. 16-key tiles at a 512-key graph bound: 8B
+// Q4_0 tg128 graph 2.305 / 2.304 -> 2.223 / 2.220 ms, qwen3-30b-a3b 3.013 -> 2.879 ms (H200,
+// one call, alternating). The bound keeps the merge's walk short (at 16k keys its 258
+// partials per head cost 30 us).
+constexpr int64_t kDecSmallTileSplits = 32;
+int64_t decode_tile_keys(int64_t max_keys) {
+  for (int64_t tk = 16; tk < kAttnChunk; tk *= 2)
+    if (max_keys <= kDecSmallTileSplits * tk) return tk;
+  return kAttnChunk;
+}
+
 // 64-key tiles per decode split: 2 when even the shortest context a grid for max_keys serves
 // (a token graph's bound is the next power of two of the length: at least max_keys / 2 keys)
 // gives 4 waves of one-tile blocks (blocks_per_split per split, `resident` blocks at once).
@@ -662,45 +677,50 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 // Split-K decode, grid (n_split, n_head / hb, n_tok), kDecThreads threads: one block is one
 // split for hb query heads sharing a KV head (hb = the largest divisor of the group up to
 // kDecMaxHeads, so the split's K/V bytes are read once per group). A decode split is one
-// kAttnChunk-key tile: every thread issues its 16-byte cp.async loads of K and V at once, so
-// a block costs one memory round trip, and a long context gives thousands of blocks (the
+// TK-key tile (TK = kAttnChunk, or 16/32 at short contexts: decode_tile_keys): every thread
+// issues its 16-byte cp.async loads of K and V at once, so a block costs one memory round trip, and a long context gives thousands of blocks (the
 // old kernel walked a 256-key split in 8 serial tiles of 4-byte loads: latency bound).
-// Per tile: scores (thread = key j, heads of j's set), a softmax step per head (a warp per
+// Per tile: scores (TK 64: thread = key j, heads of j's set; TK 16/32: 8/4 consecutive lanes
+// per key split its head dim and meet by shuffles), a softmax step per head (a warp per
 // head: the tile's max, the running max, sum and correction in s_ml), and P.V (thread = 4
 // columns of V for its heads, accumulators kept across tiles). Prefill-sized batches and
 // decode against long contexts take `tiles` tiles per split (plan_splits). Writes the
 // partials (m, l, acc) that attn_merge_kernel combines, in f32 throughout (the host's
 // arithmetic up to summation order).
 constexpr int kDecThreads = 128, kDecMaxHeads = 8;
-constexpr int kDecSets = kDecThreads / static_cast<int>(kAttnChunk);  // threads per key in scoring
-constexpr int kDecHeadsPerThread = kDecMaxHeads / kDecSets;
-constexpr int kDecScoreStride = static_cast<int>(kAttnChunk) + 1;  // odd: heads' rows in distinct banks
+constexpr int kDecSets = kDecThreads / static_cast<int>(kAttnChunk);  // threads per key in 64-key scoring
+constexpr int kDecHeadsPerThread = kDecMaxHeads / kDecSets;  // heads per thread in 64-key scoring and in P.V
 static_assert(kDecThreads % kAttnChunk == 0 && kAttnChunk == 64, "scoring maps threads onto the split's keys");
+// Score rows of TK + 1 floats: odd, so heads' rows lie in distinct banks.
+__host__ __device__ constexpr int64_t dec_score_stride(int64_t tk) { return tk + 1; }
 
 // Shared floats the decode kernel takes: K rows padded by 4 (a stride = 4 mod 32 words, so the
 // 8 lanes of a 16-byte access phase read distinct banks), V rows, the queries, the scores, and
 // (m, l, correction) per head.
-__host__ __device__ constexpr int64_t dec_smem_floats(int64_t hdk, int64_t hdv, int64_t hb) {
-  return kAttnChunk * (hdk + 4) + kAttnChunk * hdv + hb * hdk + hb * kDecScoreStride + 3 * hb;
+__host__ __device__ constexpr int64_t dec_smem_floats(int64_t tk, int64_t hdk, int64_t hdv, int64_t hb) {
+  return tk * (hdk + 4) + tk * hdv + hb * hdk + hb * dec_score_stride(tk) + 3 * hb;
 }
 
+template <int TK>
 __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb, int tiles) {
+  static_assert(TK == 16 || TK == 32 || TK == kAttnChunk, "tile keys");
+  constexpr int kStride = static_cast<int>(dec_score_stride(TK));
   extern __shared__ float4 dec_smem_raw[];  // float4: 16-byte aligned for cp.async
   dependent_kernel_start();  // the merge may launch now and wait (pdl.cuh)
   float* const smem = reinterpret_cast<float*>(dec_smem_raw);
   const int64_t split = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * hb, t = blockIdx.z;
   const int64_t hk = h0 / (p.n_head / p.n_head_kv);  // hb divides the group: one KV head
   const KeyRange kr = key_range(p, t);
-  const int64_t s_lo = split * kAttnChunk * tiles;
-  const int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_lo + kAttnChunk * tiles);
+  const int64_t s_lo = split * TK * tiles;
+  const int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_lo + TK * tiles);
   if (s_begin >= s_end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
   const int ks = hdk + 4, kc = hdk / 4, vc = hdv / 4;
   float* const sk = smem;
-  float* const sv = sk + kAttnChunk * ks;
-  float* const sq = sv + kAttnChunk * hdv;
+  float* const sv = sk + TK * ks;
+  float* const sq = sv + TK * hdv;
   float* const ss = sq + hb * hdk;
-  float* const s_ml = ss + hb * kDecScoreStride;  // per head: running max, running sum, this tile's correction
+  float* const s_ml = ss + hb * kStride;  // per head: running max, running sum, this tile's correction
   const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
@@ -729,19 +749,19 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
 #pragma unroll
   for (int i = 0; i < kDecHeadsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-  for (int64_t c0 = s_lo + (s_begin - s_lo) / kAttnChunk * kAttnChunk; c0 < s_end; c0 += kAttnChunk) {
-    const int64_t begin = max(c0, s_begin), end = min(s_end, c0 + kAttnChunk);  // not empty
+  for (int64_t c0 = s_lo + (s_begin - s_lo) / TK * TK; c0 < s_end; c0 += TK) {
+    const int64_t begin = max(c0, s_begin), end = min(s_end, c0 + TK);  // not empty
     __syncthreads();  // the previous tile's readers are done (and sq, s_ml are written)
     // Rows outside [begin, end) are zeros: never read from global memory (they may lie past
     // the mirror's rows), their scores are masked and zero V rows add nothing.
-    for (int i = tid; i < kAttnChunk * kc; i += kDecThreads) {
+    for (int i = tid; i < TK * kc; i += kDecThreads) {
       const int j = i / kc, c = i % kc;
       const int64_t key = c0 + j;
       float* dst = sk + j * ks + 4 * c;
       if (key >= begin && key < end) cp_async16(dst, p.k + key * kw + hk * p.head_dim_k + 4 * c);
       else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int i = tid; i < kAttnChunk * vc; i += kDecThreads) {
+    for (int i = tid; i < TK * vc; i += kDecThreads) {
       const int j = i / vc, c = i % vc;
       const int64_t key = c0 + j;
       float* dst = sv + j * hdv + 4 * c;
@@ -751,9 +771,11 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     cp_async_wait_all();
     __syncthreads();
 
-    // Scores: thread -> key j, heads set, set + kDecSets, ... (K float4 read once for them
-    // all; the queries are broadcasts).
-    {
+    // Scores. TK 64: thread -> key j, heads set, set + kDecSets, ... (K float4 read once for
+    // them all; the queries are broadcasts). TK 16/32: kP consecutive lanes per key, lane
+    // part taking float4 columns part, part + kP, ... for every head, summed by shuffles;
+    // lane part writes the heads hh with hh % kP == part.
+    if constexpr (TK == kAttnChunk) {
       const int j = tid % kAttnChunk, set = tid / kAttnChunk;
       float dot[kDecHeadsPerThread] = {};
       const float4* k4 = reinterpret_cast<const float4*>(sk + j * ks);
@@ -773,8 +795,32 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
 #pragma unroll
       for (int i = 0; i < kDecHeadsPerThread; ++i) {
         const int hh = set + kDecSets * i;
-        if (hh < hb) ss[hh * kDecScoreStride + j] = in ? attn_logit(p, dot[i], h0 + hh, kr.pos, key) : -INFINITY;
+        if (hh < hb) ss[hh * kStride + j] = in ? attn_logit(p, dot[i], h0 + hh, kr.pos, key) : -INFINITY;
       }
+    } else {
+      constexpr int kP = kDecThreads / TK;  // 4 or 8: within a warp
+      const int j = tid / kP, part = tid % kP;
+      float dot[kDecMaxHeads] = {};
+      const float4* k4 = reinterpret_cast<const float4*>(sk + j * ks);
+      for (int c = part; c < kc; c += kP) {
+        const float4 kv = k4[c];
+#pragma unroll
+        for (int hh = 0; hh < kDecMaxHeads; ++hh) {
+          if (hh < hb) {
+            const float4 qv = reinterpret_cast<const float4*>(sq + hh * hdk)[c];
+            dot[hh] += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+          }
+        }
+      }
+#pragma unroll
+      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+#pragma unroll
+        for (int o = kP / 2; o > 0; o >>= 1) dot[hh] += __shfl_xor_sync(0xffffffffu, dot[hh], o);
+      const int64_t key = c0 + j;
+      const bool in = key >= begin && key < end;
+#pragma unroll
+      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+        if (hh < hb && hh % kP == part) ss[hh * kStride + j] = in ? attn_logit(p, dot[hh], h0 + hh, kr.pos, key) : -INFINITY;
     }
     __syncthreads();
 
@@ -782,15 +828,15 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     // the scores. m is finite: the tile has a key in range; the first tile's correction
     // exp(-inf) is 0 (on zero accumulators).
     for (int hh = warp; hh < hb; hh += kDecThreads / 32) {
-      float* row = ss + hh * kDecScoreStride;
-      const float a = row[lane], b = row[lane + 32];
+      float* row = ss + hh * kStride;
+      const float a = lane < TK ? row[lane] : -INFINITY, b = lane + 32 < TK ? row[lane + 32] : -INFINITY;
       float m = fmaxf(a, b);
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
       const float m_old = s_ml[3 * hh], m_new = fmaxf(m_old, m);
       const float ea = expf(a - m_new), eb = expf(b - m_new);
-      row[lane] = ea;
-      row[lane + 32] = eb;
+      if (lane < TK) row[lane] = ea;
+      if (lane + 32 < TK) row[lane + 32] = eb;
       float l = ea + eb;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
@@ -821,7 +867,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
         for (int i = 0; i < kDecHeadsPerThread; ++i) {
           const int hh = pv_set + sets * i;
           if (hh < hb) {
-            const float e = ss[hh * kDecScoreStride + j];
+            const float e = ss[hh * kStride + j];
             acc[i].x += e * vv.x;
             acc[i].y += e * vv.y;
             acc[i].z += e * vv.z;
@@ -896,7 +942,11 @@ bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_
 }
 
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v) {
-  return static_cast<size_t>(n_tok * n_head * n_split_for(max_keys, split_keys(n_tok)) * (2 + head_dim_v));
+  // The smallest split a batch of n_tok may take: for decode, the decode kernel's tile
+  // (decode_tile_keys) or the fallback kernel's split_keys, whichever is smaller.
+  const int64_t chunk = n_tok < kAttnPrefillMinTok ? std::min(split_keys(n_tok), decode_tile_keys(max_keys))
+                                                   : split_keys(n_tok);
+  return static_cast<size_t>(n_tok * n_head * n_split_for(max_keys, chunk) * (2 + head_dim_v));
 }
 
 namespace {
@@ -922,7 +972,7 @@ DeviceLimits device_limits() {
 // because the call may wait for copies in flight (it enqueues nothing, so flash-attention
 // makes it even while a graph is captured).
 void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits& dl) {
-  static std::atomic<bool> opted[3][kMaxDevices];
+  static std::atomic<bool> opted[5][kMaxDevices];
   if (bytes <= 48 * 1024) return;
   int dev = 0;
   FRINK_CUDA_CHECK(cudaGetDevice(&dev));
@@ -939,40 +989,51 @@ int decode_heads_per_block(int64_t group) {
   return 1;
 }
 
+// The decode kernel for TK-key tiles, and its shared-memory opt-in slot (opt_in_smem).
+using DecodeKernel = void (*)(AttnParams, int64_t, int, int);
+DecodeKernel decode_kernel(int64_t tk) {
+  return tk == 16 ? attn_decode_kernel<16> : tk == 32 ? attn_decode_kernel<32> : attn_decode_kernel<kAttnChunk>;
+}
+int decode_smem_slot(int64_t tk) { return tk == 16 ? 0 : tk == 32 ? 1 : 2; }
+constexpr int kMma64Slot = 3, kMma128Slot = 4;
+
 // How a split-K batch runs: the decode kernel (head dims % 4, 16-byte rows, its shared memory
-// fits) with hb query heads per block, or the per-head fallback; keys per split (chunk).
+// for 64-key tiles fits) with hb query heads per block and tk-key tiles, or the per-head
+// fallback; keys per split (chunk).
 struct SplitPlan {
   bool dec_kernel = false;
   int hb = 1;
+  int64_t tk = kAttnChunk;
   size_t dec_smem = 0;
   int64_t chunk = 0, resident = 0;  // resident: decode blocks the device holds at once (0: not asked)
 };
 SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   SplitPlan sp;
   sp.hb = decode_heads_per_block(p.n_head / p.n_head_kv);
-  sp.dec_smem = static_cast<size_t>(dec_smem_floats(p.head_dim_k, p.head_dim_v, sp.hb)) * sizeof(float);
+  const auto smem_for = [&](int64_t tk) {
+    return static_cast<size_t>(dec_smem_floats(tk, p.head_dim_k, p.head_dim_v, sp.hb)) * sizeof(float);
+  };
   sp.dec_kernel = p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && aligned16(p.k) && aligned16(p.v) &&
-                  sp.dec_smem <= static_cast<size_t>(dl.smem_optin);
+                  smem_for(kAttnChunk) <= static_cast<size_t>(dl.smem_optin);
   sp.chunk = split_keys(p.n_tok);
-  if (sp.dec_kernel) {
-    // To the most any shape takes (a launch still allocates only what it asks); before the
-    // occupancy query below, which counts no block whose shared memory is not opted in.
-    const int64_t most = dec_smem_floats(kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
-    opt_in_smem(reinterpret_cast<const void*>(attn_decode_kernel),
-                static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), 0, dl);
-  }
-  if (sp.dec_kernel && p.n_tok < kAttnPrefillMinTok) {
-    sp.resident = resident_blocks(reinterpret_cast<const void*>(attn_decode_kernel), kDecThreads, sp.dec_smem);
-    sp.chunk = kAttnChunk * decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident);
+  if (!sp.dec_kernel) return sp;
+  if (p.n_tok < kAttnPrefillMinTok) sp.tk = decode_tile_keys(p.max_keys);
+  sp.dec_smem = smem_for(sp.tk);
+  // To the most any shape takes (a launch still allocates only what it asks); before the
+  // occupancy query below, which counts no block whose shared memory is not opted in.
+  const int64_t most = dec_smem_floats(sp.tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
+  opt_in_smem(reinterpret_cast<const void*>(decode_kernel(sp.tk)),
+              static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(sp.tk), dl);
+  if (p.n_tok < kAttnPrefillMinTok) {
+    sp.resident = resident_blocks(reinterpret_cast<const void*>(decode_kernel(sp.tk)), kDecThreads, sp.dec_smem);
+    sp.chunk = sp.tk < kAttnChunk ? sp.tk : kAttnChunk * decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident);
   }
   return sp;
 }
 
 }  // namespace
 
-int attn_split_tiles(const AttnParams& p) {
-  return static_cast<int>(plan_splits(p, device_limits()).chunk / kAttnChunk);
-}
+int64_t attn_split_keys(const AttnParams& p) { return plan_splits(p, device_limits()).chunk; }
 
 void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
@@ -990,10 +1051,10 @@ void launch_attention(const AttnParams& p) {
         mma_smem <= static_cast<size_t>(dl.smem_optin)) {
       const unsigned n_blk = static_cast<unsigned>((p.n_tok + kMmaRows - 1) / kMmaRows);
       if (p.head_dim_k == 64) {
-        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<64>), sizeof(MmaTile<64>), 1, dl);
+        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<64>), sizeof(MmaTile<64>), kMma64Slot, dl);
         attn_prefill_mma_kernel<64><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<64>), p.stream>>>(p);
       } else {
-        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<128>), sizeof(MmaTile<128>), 2, dl);
+        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<128>), sizeof(MmaTile<128>), kMma128Slot, dl);
         attn_prefill_mma_kernel<128><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<128>), p.stream>>>(p);
       }
     } else {
@@ -1008,10 +1069,10 @@ void launch_attention(const AttnParams& p) {
   const size_t dec_smem = sp.dec_smem;
   const int64_t chunk = sp.chunk, n_split = n_split_for(p.max_keys, chunk);
   if (sp.dec_kernel) {  // opted in to its shared memory by plan_splits
-    launch_dependent(attn_decode_kernel,
+    launch_dependent(decode_kernel(sp.tk),
                      dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                           static_cast<unsigned>(p.n_tok)),
-                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / kAttnChunk));
+                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));
   } else {
     attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
                                static_cast<unsigned>(p.n_tok)),
