@@ -188,6 +188,41 @@ __device__ __forceinline__ float plain_at(const uint8_t* row, int64_t i) {
 
 template <int T> constexpr bool kIsPlain = T == kF32 || T == kF16 || T == kBF16;
 
+// Eight F16/BF16 elements from their 16 bytes.
+template <int T>
+__device__ __forceinline__ void plain8_of(const uint4& raw, float (&w)[8]) {
+  const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (T == kBF16) {
+      w[2 * j] = __uint_as_float(u[j] << 16);
+      w[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+    } else {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[j]));
+      w[2 * j] = f.x;
+      w[2 * j + 1] = f.y;
+    }
+  }
+}
+
+// Elements [8 g, 8 g + 8) of a plain row: 16-byte loads where the row is 16-byte aligned
+// (vec), else one element at a time.
+template <int T>
+__device__ __forceinline__ void plain8_at(const uint8_t* row, int64_t g, bool vec, float (&w)[8]) {
+  if (vec) {
+    if constexpr (T == kF32) {
+      const float4* p = reinterpret_cast<const float4*>(row) + 2 * g;
+      const float4 a = p[0], b = p[1];
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else {
+      plain8_of<T>(reinterpret_cast<const uint4*>(row)[g], w);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = plain_at<T>(row, g * 8 + i);
+  }
+}
+
 // Expands F(T) for every type with a device decoder: the ONE list, read by both
 // matmul_supported() and the dispatch, so support and dispatch cannot disagree.
 #define FRINK_FOR_EACH_DEVICE_TYPE(F)                                                      \

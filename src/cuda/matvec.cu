@@ -33,13 +33,20 @@ namespace frink::cuda::mm {
 
 namespace {
 
-constexpr int kWarpsPerBlock = 8;  // the generic kernel's rows (warps) per block
+// The generic kernel's rows (warps) per block: 8, or 1 for products of fewer than
+// kFewRows rows, so that every row gets an SM of its own. Why: the MoE router (128 F32 rows of
+// 2048) ran as 16 blocks of 8 rows, 16 SMs each pulling 64 KB. Measured (qwen3-30b-a3b tg128
+// graph, H200, one call, alternating): the weights' loads before the dependency wait 2.829 ->
+// 2.724 ms; then one-row blocks with 16-byte loads, with routing's packed top-k (moe.cu),
+// 2.728 -> 2.645.
+constexpr int kWarpsPerBlock = 8, kFewRows = 1024;
 
 template <int T, int NT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
   const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= a.n_out) return;
+  if (a.slot_expert) grid_dependency_wait();  // the slots' experts come from the routing kernel
   a.x += select_slot(a) * a.x_stride;
   const uint8_t* wr = a.w + row * a.row_bytes;
   float acc[NT];
@@ -48,14 +55,35 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
   if constexpr (kIsPlain<T>) {
     // 8 elements per lane per step while whole 8-groups remain, then a scalar tail.
     const int64_t n8 = (a.n_in % 8 == 0 && a.x_stride % 4 == 0) ? a.n_in / 8 : 0;
+    // The first kPre steps' weights are loaded before the dependency wait (launch_dependent):
+    // weights are no kernel's output, so their round trip overlaps the kernel before. The MoE
+    // router (128 F32 rows of 2048: 8 steps a lane) then waits only for x.
+    constexpr int kPre = NT == 1 ? 8 : 4;
+    const bool vec = reinterpret_cast<uintptr_t>(wr) % 16 == 0;  // warp-uniform
+    float wp[kPre][8];
+#pragma unroll
+    for (int s = 0; s < kPre; ++s)
+      if (lane + 32 * s < n8) plain8_at<T>(wr, lane + 32 * s, vec, wp[s]);
+    grid_dependency_wait();
+#pragma unroll
+    for (int s = 0; s < kPre; ++s) {
+      const int64_t g = lane + 32 * s;
+      if (g < n8)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.x_stride + g * 8);
+          const float4 x0 = xp[0], x1 = xp[1];
+          acc[t] += wp[s][0] * x0.x + wp[s][1] * x0.y + wp[s][2] * x0.z + wp[s][3] * x0.w + wp[s][4] * x1.x +
+                    wp[s][5] * x1.y + wp[s][6] * x1.z + wp[s][7] * x1.w;
+        }
+    }
     // Four steps' loads in flight: an MoE router (128 F32 rows of 2048, one warp each, so one
     // warp per SM) walked its 8 steps one memory round trip at a time, 5.8 us (qwen3-30b-a3b
     // decode, ncu).
 #pragma unroll 4
-    for (int64_t g = lane; g < n8; g += 32) {
+    for (int64_t g = lane + 32 * kPre; g < n8; g += 32) {
       float w[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = plain_at<T>(wr, g * 8 + i);
+      plain8_at<T>(wr, g, vec, w);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.x_stride + g * 8);
@@ -70,6 +98,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
       for (int t = 0; t < NT; ++t) acc[t] += w * a.x[t * a.x_stride + i];
     }
   } else {
+    grid_dependency_wait();
     const int64_t n_sub = a.n_in / 32;
     for (int64_t s = lane; s < n_sub; s += 32) {
       float w[32];
@@ -358,20 +387,8 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(s + r * rs + 16 * g);
-        const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
         float w[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if constexpr (T == kBF16) {
-            w[2 * j] = __uint_as_float(u[j] << 16);
-            w[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
-          } else {
-            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[j]));
-            w[2 * j] = f.x;
-            w[2 * j + 1] = f.y;
-          }
-        }
+        plain8_of<T>(*reinterpret_cast<const uint4*>(s + r * rs + 16 * g), w);
 #pragma unroll
         for (int t = 0; t < NT; ++t)
           acc[r][t] += w[0] * x0[t].x + w[1] * x0[t].y + w[2] * x0[t].z + w[3] * x0[t].w + w[4] * x1[t].x +
@@ -681,10 +698,12 @@ bool staged_ok(const MatmulParams& p) {
 
 template <int T>
 void matvec_launch(const MatmulParams& p, const Args& a0) {
-  const auto grid_x = static_cast<unsigned>((p.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const int64_t wpb = p.n_out < kFewRows ? 1 : kWarpsPerBlock;
+  const auto grid_x = static_cast<unsigned>((p.n_out + wpb - 1) / wpb);
+  const auto threads = static_cast<unsigned>(wpb * 32);
   launch_rows(p, a0, grid_x, [&](const Args& a, dim3 g, int64_t, bool four) {
-    if (four) matvec_kernel<T, 4><<<g, kWarpsPerBlock * 32, 0, p.stream>>>(a);
-    else matvec_kernel<T, 1><<<g, kWarpsPerBlock * 32, 0, p.stream>>>(a);
+    if (four) launch_dependent(matvec_kernel<T, 4>, g, threads, 0, p.stream, a);
+    else launch_dependent(matvec_kernel<T, 1>, g, threads, 0, p.stream, a);
     FRINK_CUDA_CHECK_LAUNCH();
   });
 }

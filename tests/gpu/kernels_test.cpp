@@ -729,7 +729,8 @@ TEST(CudaKernels, GluAddSoftcapMatchHost) {
 
 // MoE routing on the device = the host's route_token (chosen experts exactly, weights to
 // float rounding) for each gating, with a selection bias, weight normalisation and scale,
-// over expert counts that do and do not fill the warp's lanes.
+// over expert counts that do and do not fill the warp's lanes; ties (logits rounded to whole
+// numbers: equal scores, the lower expert first) and experts of -inf logit.
 TEST(CudaKernels, RoutingMatchesHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(41);
@@ -738,12 +739,20 @@ TEST(CudaKernels, RoutingMatchesHost) {
     int64_t n_expert, k;
     bool bias, norm_w;
     float w_scale;
+    bool ties = false;
   };
   for (const C& c : {C{ExpertGating::kSoftmax, 128, 8, false, true, 1.0f}, C{ExpertGating::kSoftmax, 8, 2, false, false, 1.0f},
                      C{ExpertGating::kSigmoid, 256, 8, true, true, 2.5f}, C{ExpertGating::kSoftmaxWeight, 32, 4, false, false, 1.0f},
-                     C{ExpertGating::kSoftmax, 60, 4, false, false, 1.0f}, C{ExpertGating::kSoftmax, 512, 10, true, true, 1.0f}}) {
+                     C{ExpertGating::kSoftmax, 60, 4, false, false, 1.0f}, C{ExpertGating::kSoftmax, 512, 10, true, true, 1.0f},
+                     C{ExpertGating::kSoftmax, 128, 8, false, true, 1.0f, true},
+                     C{ExpertGating::kSigmoid, 60, 6, false, false, 1.0f, true}}) {
     const int64_t n_tok = 5;
-    const auto logits = random_floats(rng, n_tok * c.n_expert, 2.0f), bias = random_floats(rng, c.n_expert, 0.1f);
+    auto logits = random_floats(rng, n_tok * c.n_expert, 2.0f);
+    const auto bias = random_floats(rng, c.n_expert, 0.1f);
+    if (c.ties) {
+      for (auto& v : logits) v = std::round(v);
+      for (int64_t e = 0; e < c.n_expert; e += 7) logits[static_cast<size_t>(e)] = -INFINITY;  // token 0
+    }
     MoePlan mp;
     mp.n_expert = c.n_expert;
     mp.n_expert_used = c.k;
