@@ -1022,23 +1022,44 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
                   smem_for(kAttnChunk) <= static_cast<size_t>(dl.smem_optin);
   sp.chunk = split_keys(p.n_tok);
   if (!sp.dec_kernel) return sp;
-  if (p.n_tok < kAttnPrefillMinTok) sp.tk = decode_tile_keys(p.max_keys);
-  sp.dec_smem = smem_for(sp.tk);
-  // To the most any shape takes (a launch still allocates only what it asks); before the
-  // occupancy query below, which counts no block whose shared memory is not opted in.
-  const int64_t most = dec_smem_floats(sp.tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
-  opt_in_smem(reinterpret_cast<const void*>(decode_kernel(sp.tk)),
-              static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(sp.tk), dl);
-  if (p.n_tok < kAttnPrefillMinTok) {
-    sp.resident = resident_blocks(reinterpret_cast<const void*>(decode_kernel(sp.tk)), kDecThreads, sp.dec_smem);
-    sp.chunk = sp.tk < kAttnChunk ? sp.tk : kAttnChunk * decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident);
+  // Takes tk-key tiles: opts in to their shared memory (to the most any shape takes: a launch
+  // still allocates only what it asks; before the occupancy query, which counts no block whose
+  // shared memory is not opted in) and returns the decode blocks the device holds at once.
+  const auto take = [&](int64_t tk) {
+    sp.tk = tk;
+    sp.dec_smem = smem_for(tk);
+    const int64_t most = dec_smem_floats(tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
+    const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk));
+    opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk), dl);
+    return resident_blocks(kernel, kDecThreads, sp.dec_smem);
+  };
+  if (p.n_tok >= kAttnPrefillMinTok) {
+    take(kAttnChunk);  // split_keys' 8 tiles a split
+    return sp;
+  }
+  sp.resident = take(decode_tile_keys(p.max_keys));
+  if (sp.tk < kAttnChunk) {
+    sp.chunk = sp.tk;
+  } else if (decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident) == 2) {
+    sp.chunk = 2 * kAttnChunk;
+  } else {
+    // 64-key splits walked as two 32-key tiles: half the shared memory of one 64-key tile, so
+    // twice the blocks resident (8B at depth 4096: 512 blocks against 396 a wave of 64-key
+    // tiles held). tg128 @ d4096 graph (H200, one call): 64 x 1 2.921 ms, 32 x 1 2.826,
+    // 64 x 2 2.863, 16 x 1 3.250, 32 x 2 2.720. At depth 16384 (the two-tile rule above)
+    // 64 x 2 stays: 4.524 against 32 x 2 4.705 and 64 x 1 4.648.
+    sp.resident = take(32);
+    sp.chunk = kAttnChunk;
   }
   return sp;
 }
 
 }  // namespace
 
-int64_t attn_split_keys(const AttnParams& p) { return plan_splits(p, device_limits()).chunk; }
+AttnSplit attn_split(const AttnParams& p) {
+  const SplitPlan sp = plan_splits(p, device_limits());
+  return {sp.tk, sp.chunk};
+}
 
 void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&

@@ -18,7 +18,7 @@
 namespace frink::cuda {
 
 // Keys per tile in decode (n_tok < kAttnPrefillMinTok; 16 or 32 at short contexts, see
-// attn_split_keys): small, so a long context gives
+// attn_split): small, so a long context gives
 // thousands of blocks each costing one memory round trip (decode at depth is then bandwidth
 // bound). Larger batches that take split-K (head dims above 128) use 8 such tiles per split,
 // as the partial scratch grows with n_tok x splits; attn_partial_floats has the sizing.
@@ -76,11 +76,14 @@ bool attn_writes_q8_0(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 // Scratch floats the split-K partials need for a grid sized by max_keys.
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v);
-// Keys per split that launch_attention gives a split-K batch with these parameters on the
-// current device: for decode batches 16 or 32 at short contexts (grids of at most 32 such
-// splits), 128 (two 64-key tiles) against long contexts, 64 between; 512 for prefill-sized
-// batches (head dims above 128).
-int64_t attn_split_keys(const AttnParams& p);
+// Keys per tile and per split that launch_attention gives a split-K batch with these
+// parameters on the current device: for decode batches one tile of 16 or 32 at short contexts
+// (grids of at most 32 such splits), two of 64 against long contexts, two of 32 between; 8 of
+// 64 for prefill-sized batches (head dims above 128).
+struct AttnSplit {
+  int64_t tile_keys, split_keys;
+};
+AttnSplit attn_split(const AttnParams& p);
 void launch_attention(const AttnParams& p);
 
 // The batch's new K/V rows ([n_tok][k_width], [n_tok][v_width]) into the mirror at rows

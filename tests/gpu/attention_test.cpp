@@ -155,7 +155,7 @@ TEST(CudaAttention, DecodeSplitKMatchesReference) {
 }
 
 // Grids for 65536 keys (a token graph past 32k) take two 64-key tiles per split
-// (attn_split_keys 128): a split then spans tiles, a window starts inside one, and most splits
+// (attn_split): a split then spans tiles, a window starts inside one, and most splits
 // of the grid lie past the context. The same answers as above.
 TEST(CudaAttention, LongContextSplitsOfTwoTilesMatchReference) {
   FRINK_REQUIRE_GPU();
@@ -173,45 +173,56 @@ TEST(CudaAttention, LongContextSplitsOfTwoTilesMatchReference) {
     q.n_head = c.n_head;
     q.n_head_kv = c.n_head_kv;
     q.head_dim_k = q.head_dim_v = c.hd;
-    ASSERT_EQ(cuda::attn_split_keys(q), 128) << describe(c);
+    const cuda::AttnSplit sp = cuda::attn_split(q);
+    ASSERT_EQ(sp.tile_keys, 64) << describe(c);
+    ASSERT_EQ(sp.split_keys, 128) << describe(c);
     const double e = run_case(rng, c);
     std::printf("decode  %s: nmse %.3g (two-tile splits)\n", describe(c).c_str(), e);
     EXPECT_LT(e, 1e-9) << describe(c);
   }
 }
 
-// Grids for at most 32 splits of 16 or 32 keys (a token graph's bound of 512 or 1024 keys)
-// take tiles of that many keys (attn_split_keys): lanes of a key then split the head dim and
-// meet by shuffles. Head dims whose float4 columns do not divide among the lanes (72: 18
-// columns over 8 lanes; 40), 1 to 8 heads per block, windows, sinks, ALiBi, softcap, queries
-// across tile edges, and grids much longer than the context.
-TEST(CudaAttention, ShortContextSmallTilesMatchReference) {
+// The decode tile rules (attn_split): grids for at most 32 splits of 16 or 32 keys (a token
+// graph's bound of 512 or 1024 keys) take one tile of that many keys, whose lanes split the
+// head dim and meet by shuffles; longer grids below the two-tile rule take 64-key splits as
+// two 32-key tiles. Head dims whose float4 columns do not divide among the lanes (72: 18
+// columns over 8 lanes; 40), 1 to 8 heads per block, windows (one starting in a split's
+// second tile), sinks, ALiBi, softcap, queries across tile edges, and grids much longer than
+// the context.
+TEST(CudaAttention, DecodeTileRulesMatchReference) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(37);
   const struct {
     Case c;
-    int64_t keys;  // per split
+    int64_t tile, split;  // keys
   } cases[] = {
-      {{1, 62, 32, 8, 128, 0.0f, 512}, 16},                     // 63 keys, Llama-3 8B's token graph at depth 0
-      {{1, 15, 32, 8, 128, 0.0f, 512}, 16},                     // exactly one tile
-      {{4, 298, 8, 2, 128, 30.0f, 512}, 16},                    // 4 queries across tile edges, softcap
-      {{1, 499, 16, 16, 64, 0.0f, 512, 10, false, true}, 16},   // window of 10 + sinks, group 1
-      {{3, 61, 8, 2, 72}, 16},                                  // head dim 72, tight grid
-      {{1, 20, 12, 1, 40}, 16},                                 // group 12: 6 heads per block, head dim 40
-      {{1, 700, 32, 8, 128, 0.0f, 1024}, 32},                   // 701 keys in a 1024-key grid
-      {{1, 900, 8, 1, 256, 0.0f, 1024, 0, true}, 32},           // ALiBi, 8 heads per block, head dim 256
-      {{2, 600, 4, 4, 256, 0.0f, 1024, 70, true, true}, 32},    // everything at head dim 256
+      {{1, 62, 32, 8, 128, 0.0f, 512}, 16, 16},                     // 63 keys, Llama-3 8B's token graph at depth 0
+      {{1, 15, 32, 8, 128, 0.0f, 512}, 16, 16},                     // exactly one tile
+      {{4, 298, 8, 2, 128, 30.0f, 512}, 16, 16},                    // 4 queries across tile edges, softcap
+      {{1, 499, 16, 16, 64, 0.0f, 512, 10, false, true}, 16, 16},   // window of 10 + sinks, group 1
+      {{3, 61, 8, 2, 72}, 16, 16},                                  // head dim 72, tight grid
+      {{1, 20, 12, 1, 40}, 16, 16},                                 // group 12: 6 heads per block, head dim 40
+      {{1, 700, 32, 8, 128, 0.0f, 1024}, 32, 32},                   // 701 keys in a 1024-key grid
+      {{1, 900, 8, 1, 256, 0.0f, 1024, 0, true}, 32, 32},           // ALiBi, 8 heads per block, head dim 256
+      {{2, 600, 4, 4, 256, 0.0f, 1024, 70, true, true}, 32, 32},    // everything at head dim 256
+      {{1, 4099, 32, 8, 128, 0.0f, 8192}, 32, 64},                  // Llama-3 8B at depth 4096
+      {{4, 2000, 8, 2, 128, 30.0f, 4096}, 32, 64},                  // queries across a split's tiles, softcap
+      {{1, 3000, 16, 16, 64, 0.0f, 4096, 50, true, true}, 32, 64},  // window from a second tile, ALiBi, sinks
+      {{1, 2500, 12, 1, 72, 0.0f, 8192}, 32, 64},                   // 6 heads per block, head dim 72
   };
-  for (const auto& [c, keys] : cases) {
+  for (const auto& [c, tile, split] : cases) {
     cuda::AttnParams q;  // the shape alone decides (device memory is not read)
     q.n_tok = c.n_tok;
     q.max_keys = c.max_keys ? c.max_keys : c.pos0 + c.n_tok;
     q.n_head = c.n_head;
     q.n_head_kv = c.n_head_kv;
     q.head_dim_k = q.head_dim_v = c.hd;
-    ASSERT_EQ(cuda::attn_split_keys(q), keys) << describe(c);
+    const cuda::AttnSplit sp = cuda::attn_split(q);
+    ASSERT_EQ(sp.tile_keys, tile) << describe(c);
+    ASSERT_EQ(sp.split_keys, split) << describe(c);
     const double e = run_case(rng, c);
-    std::printf("decode  %s: nmse %.3g (%lld-key splits)\n", describe(c).c_str(), e, static_cast<long long>(keys));
+    std::printf("decode  %s: nmse %.3g (%lld-key tiles, %lld-key splits)\n", describe(c).c_str(), e,
+                static_cast<long long>(tile), static_cast<long long>(split));
     EXPECT_LT(e, 1e-9) << describe(c);
   }
 }
