@@ -80,7 +80,8 @@ int64_t decode_tile_keys(int64_t max_keys) {
 // gives 4 waves of one-tile blocks (blocks_per_split per split, `resident` blocks at once).
 // Why: at 16.5k keys (8B, 8 KV heads) the merge, one block per head over 258 partials, took
 // 30 us of a layer's 110 us of attention (ncu, H200); 128-key splits halve its partials, and
-// the token's graph went 5.48 -> 5.03 ms. Shorter contexts keep one tile: their blocks are few.
+// the token's graph went 5.48 -> 5.03 ms. Shorter contexts keep 64-key splits, walked as two
+// 32-key tiles (plan_splits).
 int decode_split_tiles(int64_t max_keys, int64_t blocks_per_split, int64_t resident) {
   return resident > 0 && max_keys / 2 / kAttnChunk * blocks_per_split >= 4 * resident ? 2 : 1;
 }
