@@ -684,8 +684,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 // split for hb query heads sharing a KV head (hb = the largest divisor of the group up to
 // kDecMaxHeads, so the split's K/V bytes are read once per group). A decode split is one
 // TK-key tile (TK = kAttnChunk, or 16/32 at short contexts: decode_tile_keys): every thread
-// issues its 16-byte cp.async loads of K and V at once, so a block costs one memory round trip, and a long context gives thousands of blocks (the
-// old kernel walked a 256-key split in 8 serial tiles of 4-byte loads: latency bound).
+// issues its 16-byte cp.async loads of K and V at once, so a block costs one memory round
+// trip, and a long context gives thousands of blocks (the old kernel walked a 256-key split
+// in 8 serial tiles of 4-byte loads: latency bound).
 // Per tile: scores (TK 64: thread = key j, heads of j's set; TK 16/32: 8/4 consecutive lanes
 // per key split its head dim and meet by shuffles), a softmax step per head (a warp per
 // head: the tile's max, the running max, sum and correction in s_ml), and P.V (thread = 4
@@ -977,8 +978,10 @@ DeviceLimits device_limits() {
 // Above 48 KiB of dynamic shared memory a kernel must opt in: once per (kernel slot, device),
 // because the call may wait for copies in flight (it enqueues nothing, so flash-attention
 // makes it even while a graph is captured).
+// Slots: the decode kernel's three tile sizes (decode_smem_slot), then the two prefill ones.
+constexpr int kMma64Slot = 3, kMma128Slot = 4, kSmemSlots = 5;
 void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits& dl) {
-  static std::atomic<bool> opted[5][kMaxDevices];
+  static std::atomic<bool> opted[kSmemSlots][kMaxDevices];
   if (bytes <= 48 * 1024) return;
   int dev = 0;
   FRINK_CUDA_CHECK(cudaGetDevice(&dev));
@@ -1001,7 +1004,6 @@ DecodeKernel decode_kernel(int64_t tk) {
   return tk == 16 ? attn_decode_kernel<16> : tk == 32 ? attn_decode_kernel<32> : attn_decode_kernel<kAttnChunk>;
 }
 int decode_smem_slot(int64_t tk) { return tk == 16 ? 0 : tk == 32 ? 1 : 2; }
-constexpr int kMma64Slot = 3, kMma128Slot = 4;
 
 // How a split-K batch runs: the decode kernel (head dims % 4, 16-byte rows, its shared memory
 // for 64-key tiles fits) with hb query heads per block and tk-key tiles, or the per-head

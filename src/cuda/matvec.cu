@@ -60,30 +60,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
     // router (128 F32 rows of 2048: 8 steps a lane) then waits only for x.
     constexpr int kPre = NT == 1 ? 8 : 4;
     const bool vec = reinterpret_cast<uintptr_t>(wr) % 16 == 0;  // warp-uniform
-    float wp[kPre][8];
-#pragma unroll
-    for (int s = 0; s < kPre; ++s)
-      if (lane + 32 * s < n8) plain8_at<T>(wr, lane + 32 * s, vec, wp[s]);
-    grid_dependency_wait();
-#pragma unroll
-    for (int s = 0; s < kPre; ++s) {
-      const int64_t g = lane + 32 * s;
-      if (g < n8)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.x_stride + g * 8);
-          const float4 x0 = xp[0], x1 = xp[1];
-          acc[t] += wp[s][0] * x0.x + wp[s][1] * x0.y + wp[s][2] * x0.z + wp[s][3] * x0.w + wp[s][4] * x1.x +
-                    wp[s][5] * x1.y + wp[s][6] * x1.z + wp[s][7] * x1.w;
-        }
-    }
-    // Four steps' loads in flight: an MoE router (128 F32 rows of 2048, one warp each, so one
-    // warp per SM) walked its 8 steps one memory round trip at a time, 5.8 us (qwen3-30b-a3b
-    // decode, ncu).
-#pragma unroll 4
-    for (int64_t g = lane + 32 * kPre; g < n8; g += 32) {
-      float w[8];
-      plain8_at<T>(wr, g, vec, w);
+    // Step g's 8 weights dotted with each token's x.
+    const auto add8 = [&](int64_t g, const float (&w)[8]) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float4* xp = reinterpret_cast<const float4*>(a.x + t * a.x_stride + g * 8);
@@ -91,6 +69,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(Args a) {
         acc[t] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y +
                   w[6] * x1.z + w[7] * x1.w;
       }
+    };
+    float wp[kPre][8];
+#pragma unroll
+    for (int s = 0; s < kPre; ++s)
+      if (lane + 32 * s < n8) plain8_at<T>(wr, lane + 32 * s, vec, wp[s]);
+    grid_dependency_wait();
+#pragma unroll
+    for (int s = 0; s < kPre; ++s)
+      if (lane + 32 * s < n8) add8(lane + 32 * s, wp[s]);
+    // Four steps' loads in flight: an MoE router (128 F32 rows of 2048, one warp each, so one
+    // warp per SM) walked its 8 steps one memory round trip at a time, 5.8 us (qwen3-30b-a3b
+    // decode, ncu).
+#pragma unroll 4
+    for (int64_t g = lane + 32 * kPre; g < n8; g += 32) {
+      float w[8];
+      plain8_at<T>(wr, g, vec, w);
+      add8(g, w);
     }
     for (int64_t i = n8 * 8 + lane; i < a.n_in; i += 32) {
       const float w = plain_at<T>(wr, i);
@@ -410,6 +405,8 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
 // (v4's grouped q/k/v: 12.9 us against 20.6 us in three launches).
 constexpr int kSRows = 2;   // rows per item (their activation loads shared, see blocks_dot)
 constexpr int kStages = 2;  // items per warp in shared memory (S): S - 1 in flight; 3 in two cases (below)
+// Chunks up to this many bytes also have a three-stage kernel (27.6 KB a block, 8 a SM).
+constexpr int kThreeStageMaxChunk = 1152;
 
 // MatmulParams::rope as a stream launch applies it (the kernel's Rope store): per product of
 // the launch, whether its row pairs rotate (q, k) and where its rows are appended (k, v: the
@@ -794,7 +791,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // where two stages copied the second only after it. Measured (H200, 8B tg128 graph
         // time, one call, alternating): Q4_0 2.209 / 2.219 -> 2.183 / 2.181 ms, Q4_K_M 3.040 ->
         // 3.003. Larger grids (the 8B gate/up, 2.7 waves) lost: 2.231 / 2.229 ms.
-        if constexpr (Staged<T>::kChunk <= 1152) {
+        if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk) {
           if (n_chunks == 2) {
             const auto k3 = matvec_stream_kernel<T, NT, 1, R, 3>;
             if (int64_t{g.x} * g.y <= resident_blocks(reinterpret_cast<const void*>(k3), kSWarps * 32, 0)) {
@@ -812,7 +809,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // alternating, with the Q8_0 bound above): Q4_0 2.357 / 2.356 -> 2.332 / 2.332 ms,
         // Q4_K_M 3.131 / 3.138 -> 3.131 / 3.131. A third stage for every split launch cost
         // Q8_0 and BF16 3% (fewer blocks resident, nothing more in flight).
-        if constexpr (Staged<T>::kChunk <= 1152) {  // no three-stage kernel for wider chunks
+        if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk) {  // no three-stage kernel for wider chunks
           if (n_chunks >= 5) {
             launch_dependent(matvec_stream_kernel<T, NT, 2, R, 3>, g, b, 0, p.stream, s, x);
             return;

@@ -67,8 +67,12 @@ __global__ void route_kernel(RouteParams p) {
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
-    const float s = e < E ? (p.sel_bias ? prob[i] + p.sel_bias[e] : prob[i]) : -INFINITY;
-    key[i] = e < E ? rank_key(isnan(s) ? -INFINITY : s, e) : 0;  // a NaN score still yields a valid expert
+    if (e < E) {
+      const float s = p.sel_bias ? prob[i] + p.sel_bias[e] : prob[i];
+      key[i] = rank_key(isnan(s) ? -INFINITY : s, e);  // a NaN score still yields a valid expert
+    } else {
+      key[i] = 0;
+    }
   }
   float w[kMaxUsed];
   int chosen[kMaxUsed];
