@@ -10,6 +10,7 @@
 #include "cuda/glu_value.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_0_rule.cuh"
+#include "cuda/q8k_rule.cuh"
 
 namespace frink::cuda::mm {
 
@@ -25,36 +26,9 @@ __global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t 
   }
 }
 
-// The host's two rounding rules, written once for the kernels below (the rounded-f32, int8
-// and fused forms must agree value for value). Q8_0: q8_0_rule.cuh (attention's merge writes
-// Q8_0 blocks too).
-// Q8_K (quantize_row_q8_K) for a 256-block whose first value of largest magnitude is mx
-// (amax = |mx|; 0 for an all-zero block, whose quants and scale are 0).
-__device__ __forceinline__ float q8k_iscale(float amax, float mx) { return amax == 0.0f ? 0.0f : -127.f / mx; }
-__device__ __forceinline__ float q8k_quant_f(float v, float amax, float iscale) {
-  return amax == 0.0f ? 0.0f : fminf(127.0f, rintf(iscale * v));
-}
-__device__ __forceinline__ int q8k_quant(float v, float amax, float iscale) {
-  return static_cast<int>(q8k_quant_f(v, amax, iscale));
-}
-__device__ __forceinline__ float q8k_scale(float amax, float iscale) { return amax == 0.0f ? 0.0f : 1 / iscale; }
-
-// Q8_K's scale rule across candidates (magnitude amax, signed value mx, element index idx):
-// the larger magnitude wins, on a tie the lower index (the host's first element of largest
-// magnitude). take_first_max folds one more candidate in; warp_first_max reduces the warp.
-__device__ __forceinline__ void take_first_max(float a2, float m2, int i2, float& amax, float& mx, int& idx) {
-  if (a2 > amax || (a2 == amax && i2 < idx)) {
-    amax = a2;
-    mx = m2;
-    idx = i2;
-  }
-}
-__device__ __forceinline__ void warp_first_max(float& amax, float& mx, int& idx) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1)
-    take_first_max(__shfl_xor_sync(0xffffffffu, amax, off), __shfl_xor_sync(0xffffffffu, mx, off),
-                   __shfl_xor_sync(0xffffffffu, idx, off), amax, mx, idx);
-}
+// The host's two rounding rules are written once for the kernels below (the rounded-f32,
+// int8 and fused forms must agree value for value), and for attention's merge, which writes
+// either for the wo product: q8_0_rule.cuh and q8k_rule.cuh.
 
 // Q8_K's scale source over a 256-block held by a warp as v[k] = element lane + 32 k: the
 // signed value of the FIRST element of largest magnitude (the host's strict '>' scan), and
@@ -149,11 +123,6 @@ __global__ void quantize_q8_kernel(Src src, int64_t n_in, int64_t n_tok, int8_t*
   if (lane == 0) xd[t * n_blk + b] = e.d;
 }
 
-__device__ __forceinline__ int warp_isum(int v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // One block of 256 threads per 256-block, one element per thread: warp w holds sub-block (32)
 // w, so its sum is one warp reduction, and the scale source meets across the 8 warps in
@@ -165,38 +134,14 @@ __device__ __forceinline__ int warp_isum(int v) {
 template <typename Src>
 __global__ void __launch_bounds__(256) quantize_q8k_kernel(Src src, int64_t n_in, Q8KAct a) {
   dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
-  __shared__ float s_amax[8], s_mx[8];
-  __shared__ int s_idx[8];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __shared__ Q8KShared sh;
   const int64_t n_blk = n_in / 256, b = blockIdx.x, t = blockIdx.y, e = b * 256 + threadIdx.x;
   const float v = src(t, e);
   src.keep(t, e, v);
-  // The host's strict '>' scan from 0 (q8k_signed_max), one element per thread.
-  float amax = 0.0f, mx = 0.0f;
-  int idx = INT32_MAX;
-  if (fabsf(v) > amax) {
-    amax = fabsf(v);
-    mx = v;
-    idx = static_cast<int>(threadIdx.x);
-  }
-  warp_first_max(amax, mx, idx);
-  if (lane == 0) {
-    s_amax[warp] = amax;
-    s_mx[warp] = mx;
-    s_idx[warp] = idx;
-  }
-  __syncthreads();
-  amax = s_amax[0];
-  mx = s_mx[0];
-  idx = s_idx[0];
-#pragma unroll
-  for (int w = 1; w < 8; ++w) take_first_max(s_amax[w], s_mx[w], s_idx[w], amax, mx, idx);
-  const float iscale = q8k_iscale(amax, mx);
-  const int qi = q8k_quant(v, amax, iscale);
-  a.q[t * n_in + e] = static_cast<int8_t>(qi);
-  const int s = warp_isum(qi);
-  if (lane == 0) a.sum[t * (n_in / 32) + b * 8 + warp] = s;
-  if (threadIdx.x == 0) a.d[t * n_blk + b] = q8k_scale(amax, iscale);
+  const Q8KElem q = q8k_block_256(v, sh);
+  a.q[t * n_in + e] = static_cast<int8_t>(q.q);
+  if (threadIdx.x % 32 == 0) a.sum[t * (n_in / 32) + b * 8 + threadIdx.x / 32] = q.sum;
+  if (threadIdx.x == 0) a.d[t * n_blk + b] = q.d;
 }
 
 

@@ -43,6 +43,7 @@
 #include "cuda/occupancy.h"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_0_rule.cuh"
+#include "cuda/q8k_rule.cuh"
 
 namespace frink::cuda {
 
@@ -177,79 +178,97 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p,
   }
 }
 
-// The merge's threads: 8 warps, each folding every 8th split.
-constexpr int kMergeThreads = 256, kMergeWarps = kMergeThreads / 32;
+// The merge's threads per head: 8 warps, each folding every 8th split. A block merges one
+// head, or for Q8_K output (AttnParams::out_sum) the 256 / head_dim_v heads of one 256-block.
+constexpr int kMergeThreads = 256, kMergeWarps = kMergeThreads / 32, kMergeMaxHeads = 4;
 
-// grid (n_head, n_tok), kMergeThreads threads: merges the splits of one (token, head). With
-// 64-key splits a deep context has hundreds of them, so the splits are spread over the warps
-// (warp w takes splits s0 + w, s0 + w + 8, ...; lanes split the head dimension) rather than
-// walked serially by every thread. One pass: a warp folds its splits into its own (m, l, acc)
-// as an online softmax (a split's m, l and columns load together), then the warps meet in
-// shared memory. (It was three passes, max then sum then the weighted columns, with block
-// reductions between: two L2 round trips where a short context's splits need one. Graph time
-// per token, H200, one call, alternating: 8B Q4_0 2.202 / 2.202 / 2.201 -> 2.182 / 2.185 /
-// 2.185 ms, qwen3-30b-a3b 2.863 / 2.863 / 2.865 -> 2.846 / 2.846 / 2.845.) With
-// p.out_q8 the output is also quantized: head_dim_v % 32 == 0 makes each warp's 32 outputs one
-// Q8_0 block.
-__global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
-  __shared__ float s_ml[kMergeWarps][2];
-  __shared__ float s_acc[kMergeWarps][kAttnMaxHeadDim];
+// grid (n_head / heads a block, n_tok), kMergeThreads threads a head: merges the splits of one
+// (token, head). With 64-key splits a deep context has hundreds of them, so the splits are
+// spread over the warps (warp w takes splits s0 + w, s0 + w + 8, ...; lanes split the head
+// dimension) rather than walked serially by every thread. One pass: a warp folds its splits
+// into its own (m, l, acc) as an online softmax (a split's m, l and columns load together),
+// then the warps meet in shared memory. (It was three passes, max then sum then the weighted
+// columns, with block reductions between: two L2 round trips where a short context's splits
+// need one. Graph time per token, H200, one call, alternating: 8B Q4_0 2.202 / 2.202 / 2.201
+// -> 2.182 / 2.185 / 2.185 ms, qwen3-30b-a3b 2.863 / 2.863 / 2.865 -> 2.846 / 2.846 / 2.845.)
+// With p.out_q8 the output is also quantized: as Q8_0 (head_dim_v % 32 == 0 makes each warp's
+// 32 outputs one block) or as Q8_K (out_sum set: the block's 256 outputs are one block).
+__global__ void __launch_bounds__(kMergeThreads * kMergeMaxHeads)
+    attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
+  __shared__ float s_ml[kMergeMaxHeads * kMergeWarps][2];
+  __shared__ float s_acc[kMergeWarps * kAttnMaxHeadDim];  // [head of the block][warp][d]: heads x hdv <= 256
+  __shared__ Q8KShared s_q8k;
   dependent_kernel_start();  // the wo product may start its weight copies (pdl.cuh)
-  const int64_t h = blockIdx.x, t = blockIdx.y;
-  const int64_t stride = 2 + p.head_dim_v;
+  const int hpb = static_cast<int>(blockDim.x) / kMergeThreads;  // heads a block
   const int hdv = static_cast<int>(p.head_dim_v), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
-  // The splits that hold keys of this query: [s0, s1) (min: never past the grid). Every one
-  // of them was written (its chunk meets [first, end)), with a finite max.
-  const KeyRange kr = key_range(p, t);
-  const int64_t s0 = kr.first / chunk, s1 = min(n_split, n_split_for(kr.end, chunk));
-  float m = -INFINITY, l = 0.0f, a[kPer] = {};
+  const int hh = warp / kMergeWarps, w8 = warp % kMergeWarps;
+  const int64_t t = blockIdx.y, stride = 2 + p.head_dim_v;
+  {
+    const int64_t h = blockIdx.x * int64_t{hpb} + hh;
+    const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
+    // The splits that hold keys of this query: [s0, s1) (min: never past the grid). Every one
+    // of them was written (its chunk meets [first, end)), with a finite max.
+    const KeyRange kr = key_range(p, t);
+    const int64_t s0 = kr.first / chunk, s1 = min(n_split, n_split_for(kr.end, chunk));
+    float m = -INFINITY, l = 0.0f, a[kPer] = {};
 #pragma unroll 4  // four splits' loads in flight per warp: the loop is L2-latency bound
-  for (int64_t s = s0 + warp; s < s1; s += kMergeWarps) {
-    const float* ps = part + s * stride;
-    const float ms = ps[0], ls = ps[1];
-    float v[kPer];
+    for (int64_t s = s0 + w8; s < s1; s += kMergeWarps) {
+      const float* ps = part + s * stride;
+      const float ms = ps[0], ls = ps[1];
+      float v[kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
-    const float mn = fmaxf(m, ms);  // finite: ms is
-    const float c_old = expf(m - mn), c_new = expf(ms - mn);
-    l = l * c_old + ls * c_new;
+      for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
+      const float mn = fmaxf(m, ms);  // finite: ms is
+      const float c_old = expf(m - mn), c_new = expf(ms - mn);
+      l = l * c_old + ls * c_new;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) a[i] = a[i] * c_old + v[i] * c_new;
-    m = mn;
-  }
-  if (lane == 0) {
-    s_ml[warp][0] = m;
-    s_ml[warp][1] = l;
-  }
-#pragma unroll
-  for (int i = 0; i < kPer; ++i)
-    if (lane + 32 * i < hdv) s_acc[warp][lane + 32 * i] = a[i];
-  __syncthreads();
-  // The warps' weights against the overall max; a warp without splits (m = -inf) weighs 0.
-  // A sink is one more logit in the denominator: a split of weight exp(sink - mm), no value.
-  float mm = -INFINITY;
-  for (int w = 0; w < kMergeWarps; ++w) mm = fmaxf(mm, s_ml[w][0]);
-  if (p.sinks) mm = fmaxf(mm, p.sinks[h]);
-  float wt[kMergeWarps], ll = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kMergeWarps; ++w) {
-    wt[w] = expf(s_ml[w][0] - mm);
-    ll += s_ml[w][1] * wt[w];
-  }
-  if (p.sinks) ll += expf(p.sinks[h] - mm);
-  const int64_t e0 = t * p.n_head * p.head_dim_v + h * p.head_dim_v;  // this head's first output
-  for (int d = threadIdx.x; d < hdv; d += kMergeThreads) {  // warp-uniform bound: hdv % 32 == 0 with out_q8
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kMergeWarps; ++w) sum += s_acc[w][d] * wt[w];
-    const float o = sum / ll;
-    p.out[e0 + d] = o;
-    if (p.out_q8) {
-      const Q8Elem q = q8_0_warp_block(o);
-      p.out_q8[e0 + d] = q.q;
-      if (lane == 0) p.out_d8[(e0 + d) / 32] = q.d;
+      for (int i = 0; i < kPer; ++i) a[i] = a[i] * c_old + v[i] * c_new;
+      m = mn;
     }
+    if (lane == 0) {
+      s_ml[warp][0] = m;
+      s_ml[warp][1] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < hdv) s_acc[warp * hdv + lane + 32 * i] = a[i];
+  }
+  __syncthreads();
+  // Output i of the block (at most one a thread: hdv <= 256 threads, or heads x hdv = 256):
+  // head oh's warps' weights against their overall max; a warp without splits (m = -inf)
+  // weighs 0. A sink is one more logit in the denominator: a split of weight exp(sink - mm),
+  // no value.
+  const int i = threadIdx.x, oh = min(i / hdv, hpb - 1), d = i % hdv;
+  const bool live = i < hpb * hdv;  // warp-uniform: hdv % 32 == 0 with out_q8
+  const int64_t h = blockIdx.x * int64_t{hpb} + oh;
+  float mm = -INFINITY;
+  for (int w = 0; w < kMergeWarps; ++w) mm = fmaxf(mm, s_ml[oh * kMergeWarps + w][0]);
+  if (p.sinks) mm = fmaxf(mm, p.sinks[h]);
+  float o = 0.0f;
+  if (live) {
+    float sum = 0.0f, ll = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) {
+      const float wt = expf(s_ml[oh * kMergeWarps + w][0] - mm);
+      ll += s_ml[oh * kMergeWarps + w][1] * wt;
+      sum += s_acc[(oh * kMergeWarps + w) * hdv + d] * wt;
+    }
+    if (p.sinks) ll += expf(p.sinks[h] - mm);
+    o = sum / ll;
+  }
+  const int64_t e = t * p.n_head * p.head_dim_v + blockIdx.x * int64_t{hpb} * hdv + i;  // this output's index
+  if (live) p.out[e] = o;
+  if (p.out_sum) {  // Q8_K: the block's 256 outputs (attn_writes_q8k); every thread calls it
+    const Q8KElem q = q8k_block_256(o, s_q8k);
+    if (live) {  // threads past the block's 256 outputs (hpb heads of 8 warps each) store nothing
+      p.out_q8[e] = static_cast<int8_t>(q.q);
+      if (lane == 0) p.out_sum[e / 32] = q.sum;
+      if (i == 0) p.out_d8[e / 256] = q.d;
+    }
+  } else if (p.out_q8 && live) {
+    const Q8Elem q = q8_0_warp_block(o);
+    p.out_q8[e] = q.q;
+    if (lane == 0) p.out_d8[e / 32] = q.d;
   }
 }
 
@@ -944,6 +963,11 @@ bool attn_writes_q8_0(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
   return attn_uses_split_k(n_tok, head_dim_k, head_dim_v) && head_dim_v % 32 == 0;
 }
 
+bool attn_writes_q8k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v, int64_t n_head) {
+  const bool whole = head_dim_v == 64 || head_dim_v == 128 || head_dim_v == 256;  // 256 / hdv heads a block, at most 4
+  return attn_uses_split_k(n_tok, head_dim_k, head_dim_v) && whole && n_head % (256 / head_dim_v) == 0;
+}
+
 bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
   return n_tok >= kAttnMmaMinTok && head_dim_k == head_dim_v && (head_dim_k == 64 || head_dim_k == 128);
 }
@@ -1067,7 +1091,8 @@ AttnSplit attn_split(const AttnParams& p) {
 void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
                            p.n_head % p.n_head_kv == 0 && p.pos && p.max_keys >= p.n_tok &&
-                           (!p.out_q8 || (p.out_d8 && attn_writes_q8_0(p.n_tok, p.head_dim_k, p.head_dim_v)))
+                           (!p.out_q8 || (p.out_d8 && (p.out_sum ? attn_writes_q8k(p.n_tok, p.head_dim_k, p.head_dim_v, p.n_head)
+                                                                 : attn_writes_q8_0(p.n_tok, p.head_dim_k, p.head_dim_v))))
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   if (p.n_tok == 0) return;
@@ -1108,8 +1133,9 @@ void launch_attention(const AttnParams& p) {
                           kWarps * 32, 0, p.stream>>>(p, n_split, chunk);
   }
   FRINK_CUDA_CHECK_LAUNCH();
-  launch_dependent(attn_merge_kernel, dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)),
-                   kMergeThreads, 0, p.stream, p, n_split, chunk);
+  const int64_t hpb = p.out_sum ? 256 / p.head_dim_v : 1;  // heads a merge block
+  launch_dependent(attn_merge_kernel, dim3(static_cast<unsigned>(p.n_head / hpb), static_cast<unsigned>(p.n_tok)),
+                   static_cast<unsigned>(kMergeThreads * hpb), 0, p.stream, p, n_split, chunk);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

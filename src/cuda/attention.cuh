@@ -59,8 +59,12 @@ struct AttnParams {
   // arithmetic, bit for bit (q8_0_rule.cuh), so the wo product skips its quantize kernel.
   // Written by the split-K merge, a block per (token, head): only where attn_writes_q8_0, so
   // blocks never straddle heads; launch_attention fails (cudaErrorInvalidValue) elsewhere.
+  // With out_sum set, Q8_K blocks instead (matmul_parts.cuh Q8KAct: out_q8 the quants, out_d8
+  // f32 [n_tok][n / 256], out_sum int32 [n_tok][n / 32]), only where attn_writes_q8k: a merge
+  // block then holds the 256 / head_dim_v heads of one 256-block.
   int8_t* out_q8 = nullptr;
   float* out_d8 = nullptr;
+  int32_t* out_sum = nullptr;
   cudaStream_t stream = nullptr;
 };
 
@@ -70,6 +74,9 @@ bool attn_uses_split_k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 // Whether launch_attention can also write its output as Q8_0 blocks (AttnParams::out_q8):
 // split-K (its merge writes them) and head_dim_v a multiple of 32 (a block is one head's).
 bool attn_writes_q8_0(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
+// The same for Q8_K blocks (AttnParams::out_sum): split-K, head_dim_v 64, 128 or 256, and the
+// heads a whole number of 256-blocks.
+bool attn_writes_q8k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v, int64_t n_head);
 // Whether a prefill batch (not split-K) of this shape takes the tensor-core kernel (when the
 // device is sm_80+ and the mirrors 16-byte aligned; otherwise the f32 tiled kernel). Features
 // (windows, ALiBi, sinks, softcap, GQA) are all handled there.

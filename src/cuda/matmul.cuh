@@ -79,7 +79,7 @@ struct MatmulParams {
   const GluParams* pre_glu = nullptr;
   // launch_matmuls only, first product: act_round ALREADY holds x as the dp4a kernels read it
   // (Q8_0 blocks, q8_0_act, or Q8_K blocks, matmul_parts.cuh q8k_act), written by x's
-  // producer (the attention merge, Q8_0 only: AttnParams::out_q8; a norm run alone:
+  // producer (the attention merge: AttnParams::out_q8; a norm run alone:
   // launch_matmul_producer), so the group starts without quantizing x. x must hold the f32
   // values too: later products of another preparation read them. Only where
   // matmul_reads_q8_blocks(first product); otherwise, or with pre_norm / pre_glu, the launch
@@ -97,6 +97,24 @@ struct Q8_0Act {
 inline Q8_0Act q8_0_act(const MatmulParams& p) {
   int8_t* q = reinterpret_cast<int8_t*>(p.act_round);
   return {q, reinterpret_cast<float*>(q + p.n_tok * p.n_in)};
+}
+// x in the dp4a kernels' Q8_K layout, in p.act_round (bytes): int8 q [n_tok][n_in], then f32
+// d [n_tok][n_in / 256], then int32 sum [n_tok][n_in / 32]: at most 1.14 bytes per element of
+// the 4 available.
+struct Q8KAct {
+  int8_t* q;
+  float* d;
+  int32_t* sum;
+  // The same layout from activation row r on.
+  __host__ __device__ Q8KAct at_row(int64_t r, int64_t n_in) const {
+    return {q + r * n_in, d + r * (n_in / 256), sum + r * (n_in / 32)};
+  }
+};
+inline Q8KAct q8k_act(const MatmulParams& p) {
+  int8_t* q = reinterpret_cast<int8_t*>(p.act_round);
+  float* d = reinterpret_cast<float*>(q + p.n_tok * p.n_in);
+  int32_t* sum = reinterpret_cast<int32_t*>(d + p.n_tok * (p.n_in / 256));
+  return {q, d, sum};
 }
 
 // Whether type id `type` has a device kernel (the same list the dispatch uses).

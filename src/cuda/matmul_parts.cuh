@@ -136,24 +136,7 @@ void launch_rows(const MatmulParams& p, const Args& a0, unsigned grid_x, F f) {
 // from the activation's per-32 sums. v1 (the generic kernel: dequantize to f32, round x to
 // Q8_K values in f32, f32 FMAs) read 4 bytes of activation per weight element.
 //
-// Activation layout in act_round (bytes): int8 q [n_tok][n_in], then float d [n_tok][n_in/256],
-// then int32 sum [n_tok][n_in/32]: at most 1.14 bytes per element of the 4 available.
-struct Q8KAct {
-  int8_t* q;
-  float* d;
-  int32_t* sum;
-  // The same layout from activation row r on.
-  __host__ __device__ Q8KAct at_row(int64_t r, int64_t n_in) const {
-    return {q + r * n_in, d + r * (n_in / 256), sum + r * (n_in / 32)};
-  }
-};
-
-inline Q8KAct q8k_act(const MatmulParams& p) {
-  int8_t* q = reinterpret_cast<int8_t*>(p.act_round);
-  float* d = reinterpret_cast<float*>(q + p.n_tok * p.n_in);
-  int32_t* sum = reinterpret_cast<int32_t*>(d + p.n_tok * (p.n_in / 256));
-  return {q, d, sum};
-}
+// Activation layout in act_round: matmul.cuh Q8KAct.
 
 // The activation each family reads: int8 Q8_0 blocks (Q4_0, Q8_0), Q8_K blocks (Q4_K, Q6_K)
 // or f32 rows already rounded to the weights' 16-bit format (F16, BF16).

@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -460,14 +461,15 @@ TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
   EXPECT_ANY_THROW(cuda::launch_matmul(p));
 }
 
-// The attention merge's Q8_0 output (AttnParams::out_q8): quants and scales are the bits the
-// product's own quantization (quantize_q8_kernel, which launch_matmul runs for Q8_0 weights)
-// writes from the merge's f32 output; that output is the same with and without out_q8; and a
-// wo product that takes the blocks (x_prepared) equals one that quantizes. Decode and 3-token
-// batches, head dims 64 and 128, groups of 1 to 8, 1 to 16 live splits in grids of up to 64,
-// sinks, and a KV head whose V rows are zero (all-zero blocks: scale 0, quants 0). A prefill
-// batch (tiled kernels) or a head dim not a multiple of 32 fails before launching.
-TEST(CudaKernels, AttentionMergeWritesQ8_0OfItsOutput) {
+// The attention merge's Q8_0 and Q8_K output (AttnParams::out_q8, out_sum): quants, scales
+// (and Q8_K's sums) are the bits the product's own quantization (launch_matmul's for Q8_0 and
+// Q4_K weights) writes from the merge's f32 output; that output is the same with and without
+// them; and a wo product that takes the blocks (x_prepared) equals one that quantizes. Decode
+// and 3-token batches, head dims 64, 128 and 256 (Q8_K: 4, 2 and 1 heads a merge block),
+// groups of 1 to 8, 1 to 16 live splits in grids of up to 64, sinks, and a KV head whose V
+// rows are zero (all-zero Q8_0 blocks: scale 0, quants 0). A prefill batch (tiled kernels) or
+// a head dim the blocks would straddle fails before launching.
+TEST(CudaKernels, AttentionMergeWritesQ8BlocksOfItsOutput) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(61);
   struct MergeCase {
@@ -480,69 +482,93 @@ TEST(CudaKernels, AttentionMergeWritesQ8_0OfItsOutput) {
       {3, 300, 8, 1, 128, 0, false},      // group 8, queries across a split edge
       {3, 1000, 16, 4, 64, 2048, true},   // 16 splits, sinks
       {1, 130, 4, 4, 128, 0, false},      // group 1, 3 splits
+      {1, 200, 4, 2, 256, 0, true},       // one head a Q8_K block, sinks
   };
-  for (const MergeCase& c : cases) {
-    const std::string where = "n_tok " + std::to_string(c.n_tok) + " pos0 " + std::to_string(c.pos0) + " heads " +
-                              std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " hd " +
-                              std::to_string(c.hd);
-    ASSERT_TRUE(cuda::attn_writes_q8_0(c.n_tok, c.hd, c.hd)) << where;
-    const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd, n_in = c.n_head * c.hd, n_x = c.n_tok * n_in;
-    const int64_t max_keys = c.max_keys ? c.max_keys : n_keys;
-    auto v = random_floats(rng, n_keys * kw);
-    for (int64_t j = 0; j < n_keys; ++j) std::fill_n(v.begin() + j * kw, c.hd, 0.0f);  // KV head 0's values
-    Dev<float> dq(random_floats(rng, n_x)), dk(random_floats(rng, n_keys * kw)), dv(v),
-        dsinks(random_floats(rng, c.n_head, 2.0f)), part(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd)),
-        out1(static_cast<size_t>(n_x)), out2(static_cast<size_t>(n_x)), dd8(static_cast<size_t>(n_x / 32));
-    Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
-    Dev<int8_t> dq8(std::vector<int8_t>(static_cast<size_t>(n_x), 0x55));
-    cuda::AttnParams p;
-    p.q = dq.p;
-    p.q_stride = n_in;
-    p.k = dk.p;
-    p.v = dv.p;
-    p.n_tok = c.n_tok;
-    p.pos = dpos.p;
-    p.max_keys = max_keys;
-    p.n_head = c.n_head;
-    p.n_head_kv = c.n_head_kv;
-    p.head_dim_k = p.head_dim_v = c.hd;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-    p.sinks = c.sinks ? dsinks.p : nullptr;
-    p.partial = part.p;
-    p.out = out1.p;
-    cuda::launch_attention(p);
-    p.out = out2.p;
-    p.out_q8 = dq8.p;
-    p.out_d8 = dd8.p;
-    cuda::launch_attention(p);
-    EXPECT_EQ(out1.get(), out2.get()) << where;
-    // The product's own quantization of the merge's output, left in its act_round: the int8
-    // quants, then the f32 scales.
-    const int64_t n_out = 24;
-    Dev<uint8_t> dw(random_weights(rng, GgmlType::Q8_0, n_in, n_out).bytes);
-    Dev<float> act1(static_cast<size_t>(n_x)), act2(static_cast<size_t>(n_x)), y1(static_cast<size_t>(c.n_tok * n_out)),
-        y2(static_cast<size_t>(c.n_tok * n_out));
-    cuda::MatmulParams m = mat_params(GgmlType::Q8_0, dw.p, n_in, n_out, out2.p, c.n_tok, y1.p);
-    m.act_round = act1.p;
-    ASSERT_TRUE(cuda::matmul_reads_q8_0(m)) << where;
-    cuda::launch_matmul(m);
-    const auto a = act1.get();
-    std::vector<int8_t> q_ref(static_cast<size_t>(n_x));
-    std::vector<float> d_ref(static_cast<size_t>(n_x / 32));
-    std::memcpy(q_ref.data(), a.data(), q_ref.size());
-    std::memcpy(d_ref.data(), reinterpret_cast<const int8_t*>(a.data()) + n_x, d_ref.size() * sizeof(float));
-    EXPECT_EQ(dq8.get(), q_ref) << where;
-    EXPECT_EQ(dd8.get(), d_ref) << where;
-    // wo taking the merge's blocks as they lie in its act_round (cuda::q8_0_act).
-    m.act_round = act2.p;
-    const cuda::Q8_0Act blocks = cuda::q8_0_act(m);
-    ASSERT_EQ(cudaMemcpy(blocks.q, dq8.p, q_ref.size(), cudaMemcpyDeviceToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(blocks.d, dd8.p, d_ref.size() * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
-    m.y = y2.p;
-    m.x_prepared = true;
-    cuda::launch_matmul(m);
-    EXPECT_EQ(y1.get(), y2.get()) << where;
-  }
+  for (const bool q8k : {false, true})
+    for (const MergeCase& c : cases) {
+      const std::string where = std::string(q8k ? "Q8_K" : "Q8_0") + " n_tok " + std::to_string(c.n_tok) + " pos0 " +
+                                std::to_string(c.pos0) + " heads " + std::to_string(c.n_head) + "/" +
+                                std::to_string(c.n_head_kv) + " hd " + std::to_string(c.hd);
+      ASSERT_TRUE(q8k ? cuda::attn_writes_q8k(c.n_tok, c.hd, c.hd, c.n_head) : cuda::attn_writes_q8_0(c.n_tok, c.hd, c.hd))
+          << where;
+      const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd, n_in = c.n_head * c.hd, n_x = c.n_tok * n_in;
+      const int64_t max_keys = c.max_keys ? c.max_keys : n_keys, n_d = q8k ? n_x / 256 : n_x / 32;
+      auto v = random_floats(rng, n_keys * kw);
+      for (int64_t j = 0; j < n_keys; ++j) std::fill_n(v.begin() + j * kw, c.hd, 0.0f);  // KV head 0's values
+      Dev<float> dq(random_floats(rng, n_x)), dk(random_floats(rng, n_keys * kw)), dv(v),
+          dsinks(random_floats(rng, c.n_head, 2.0f)), part(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd)),
+          out1(static_cast<size_t>(n_x)), out2(static_cast<size_t>(n_x)), dd8(static_cast<size_t>(n_d));
+      Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)}),
+          dsum(std::vector<int32_t>(static_cast<size_t>(n_x / 32), 12345));
+      Dev<int8_t> dq8(std::vector<int8_t>(static_cast<size_t>(n_x), 0x55));
+      cuda::AttnParams p;
+      p.q = dq.p;
+      p.q_stride = n_in;
+      p.k = dk.p;
+      p.v = dv.p;
+      p.n_tok = c.n_tok;
+      p.pos = dpos.p;
+      p.max_keys = max_keys;
+      p.n_head = c.n_head;
+      p.n_head_kv = c.n_head_kv;
+      p.head_dim_k = p.head_dim_v = c.hd;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+      p.sinks = c.sinks ? dsinks.p : nullptr;
+      p.partial = part.p;
+      p.out = out1.p;
+      cuda::launch_attention(p);
+      p.out = out2.p;
+      p.out_q8 = dq8.p;
+      p.out_d8 = dd8.p;
+      p.out_sum = q8k ? dsum.p : nullptr;
+      cuda::launch_attention(p);
+      EXPECT_EQ(out1.get(), out2.get()) << where;
+      // The product's own quantization of the merge's output, left in its act_round: the int8
+      // quants, then the f32 scales (then Q8_K's int32 sums).
+      const int64_t n_out = 24;
+      const GgmlType wt = q8k ? GgmlType::Q4_K : GgmlType::Q8_0;
+      Dev<uint8_t> dw(random_weights(rng, wt, n_in, n_out).bytes);
+      Dev<float> act1(static_cast<size_t>(n_x)), act2(static_cast<size_t>(n_x)), y1(static_cast<size_t>(c.n_tok * n_out)),
+          y2(static_cast<size_t>(c.n_tok * n_out));
+      cuda::MatmulParams m = mat_params(wt, dw.p, n_in, n_out, out2.p, c.n_tok, y1.p);
+      m.act_round = act1.p;
+      ASSERT_EQ(cuda::matmul_reads_q8_0(m), !q8k) << where;
+      ASSERT_TRUE(cuda::matmul_reads_q8_blocks(m)) << where;
+      cuda::launch_matmul(m);
+      const auto a = act1.get();
+      const auto* bytes = reinterpret_cast<const int8_t*>(a.data());
+      std::vector<int8_t> q_ref(static_cast<size_t>(n_x));
+      std::vector<float> d_ref(static_cast<size_t>(n_d));
+      std::vector<int32_t> sum_ref(static_cast<size_t>(n_x / 32));
+      std::memcpy(q_ref.data(), bytes, q_ref.size());
+      std::memcpy(d_ref.data(), bytes + n_x, d_ref.size() * sizeof(float));
+      EXPECT_EQ(dq8.get(), q_ref) << where;
+      EXPECT_EQ(dd8.get(), d_ref) << where;
+      if (q8k) {
+        std::memcpy(sum_ref.data(), bytes + n_x + n_d * 4, sum_ref.size() * sizeof(int32_t));
+        EXPECT_EQ(dsum.get(), sum_ref) << where;
+      }
+      // wo taking the merge's blocks as they lie in its act_round (cuda::q8_0_act / q8k_act).
+      m.act_round = act2.p;
+      if (q8k) {
+        const cuda::Q8KAct blocks = cuda::q8k_act(m);
+        ASSERT_EQ(cudaMemcpy(blocks.q, dq8.p, q_ref.size(), cudaMemcpyDeviceToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(blocks.d, dd8.p, d_ref.size() * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(blocks.sum, dsum.p, sum_ref.size() * sizeof(int32_t), cudaMemcpyDeviceToDevice),
+                  cudaSuccess);
+      } else {
+        const cuda::Q8_0Act blocks = cuda::q8_0_act(m);
+        ASSERT_EQ(cudaMemcpy(blocks.q, dq8.p, q_ref.size(), cudaMemcpyDeviceToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(blocks.d, dd8.p, d_ref.size() * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+      }
+      m.y = y2.p;
+      m.x_prepared = true;
+      cuda::launch_matmul(m);
+      EXPECT_EQ(y1.get(), y2.get()) << where;
+    }
+  EXPECT_FALSE(cuda::attn_writes_q8k(8, 64, 64, 4));     // prefill
+  EXPECT_FALSE(cuda::attn_writes_q8k(1, 96, 96, 8));     // 256-blocks would straddle heads
+  EXPECT_FALSE(cuda::attn_writes_q8k(1, 128, 128, 3));   // the last block would be half a head pair
   // Shapes the merge cannot serve: the caller asked attn_writes_q8_0; launching anyway fails.
   EXPECT_FALSE(cuda::attn_writes_q8_0(8, 64, 64));  // prefill: the tiled kernel, no merge
   EXPECT_FALSE(cuda::attn_writes_q8_0(1, 48, 48));  // blocks would straddle heads
@@ -550,7 +576,10 @@ TEST(CudaKernels, AttentionMergeWritesQ8_0OfItsOutput) {
   Dev<float> dqkv(static_cast<size_t>(8 * 64)), dout(static_cast<size_t>(8 * 64)), dpart(size_t{4096}),
       dd8(static_cast<size_t>(8 * 64 / 32));
   Dev<int8_t> dq8(std::vector<int8_t>(8 * 64, 0));
-  for (const auto& [n_tok, hd] : {std::pair<int64_t, int64_t>{8, 64}, {1, 48}}) {
+  Dev<int32_t> dsum(std::vector<int32_t>(8 * 64 / 32, 0));
+  // (n_tok, head dim, Q8_K): prefill; a Q8_0 block straddling heads; one head of 64 for a
+  // 256-block.
+  for (const auto& [n_tok, hd, q8k] : {std::tuple<int64_t, int64_t, bool>{8, 64, false}, {1, 48, false}, {1, 64, true}}) {
     cuda::AttnParams p;
     p.q = p.k = p.v = dqkv.p;
     p.q_stride = hd;
@@ -563,7 +592,8 @@ TEST(CudaKernels, AttentionMergeWritesQ8_0OfItsOutput) {
     p.partial = dpart.p;
     p.out_q8 = dq8.p;
     p.out_d8 = dd8.p;
-    EXPECT_ANY_THROW(cuda::launch_attention(p)) << "n_tok " << n_tok << " hd " << hd;
+    p.out_sum = q8k ? dsum.p : nullptr;
+    EXPECT_ANY_THROW(cuda::launch_attention(p)) << "n_tok " << n_tok << " hd " << hd << " q8k " << q8k;
   }
 }
 
