@@ -3,7 +3,6 @@
 // order), or quantized to int8 blocks for the dp4a decode kernels.
 #include <cuda_fp16.h>
 
-
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
 #include "cuda/norm_row.cuh"
@@ -122,7 +121,6 @@ __global__ void quantize_q8_kernel(Src src, int64_t n_in, int64_t n_tok, int8_t*
   xq[t * n_in + b * 32 + lane] = e.q;
   if (lane == 0) xd[t * n_blk + b] = e.d;
 }
-
 
 // One block of 256 threads per 256-block, one element per thread: warp w holds sub-block (32)
 // w, so its sum is one warp reduction, and the scale source meets across the 8 warps in
