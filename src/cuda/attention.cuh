@@ -59,7 +59,7 @@ struct AttnParams {
   // arithmetic, bit for bit (q8_0_rule.cuh), so the wo product skips its quantize kernel.
   // Written by the split-K merge, a block per (token, head): only where attn_writes_q8_0, so
   // blocks never straddle heads; launch_attention fails (cudaErrorInvalidValue) elsewhere.
-  // With out_sum set, Q8_K blocks instead (matmul_parts.cuh Q8KAct: out_q8 the quants, out_d8
+  // With out_sum set, Q8_K blocks instead (matmul.cuh Q8KAct: out_q8 the quants, out_d8
   // f32 [n_tok][n / 256], out_sum int32 [n_tok][n / 32]), only where attn_writes_q8k: a merge
   // block then holds the 256 / head_dim_v heads of one 256-block.
   int8_t* out_q8 = nullptr;

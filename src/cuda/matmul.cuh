@@ -78,12 +78,12 @@ struct MatmulParams {
   // in the kernel that quantizes it when the products' preparation is a dp4a one.
   const GluParams* pre_glu = nullptr;
   // launch_matmuls only, first product: act_round ALREADY holds x as the dp4a kernels read it
-  // (Q8_0 blocks, q8_0_act, or Q8_K blocks, matmul_parts.cuh q8k_act), written by x's
-  // producer (the attention merge: AttnParams::out_q8; a norm run alone:
-  // launch_matmul_producer), so the group starts without quantizing x. x must hold the f32
-  // values too: later products of another preparation read them. Only where
-  // matmul_reads_q8_blocks(first product); otherwise, or with pre_norm / pre_glu, the launch
-  // fails (cudaErrorInvalidValue): the caller asked that predicate, so a mismatch is a bug.
+  // (Q8_0 blocks, q8_0_act, or Q8_K blocks, q8k_act), written by x's producer (the attention
+  // merge: AttnParams::out_q8; a norm run alone: launch_matmul_producer), so the group starts
+  // without quantizing x. x must hold the f32 values too: later products of another
+  // preparation read them. Only where matmul_reads_q8_blocks(first product); otherwise, or
+  // with pre_norm / pre_glu, the launch fails (cudaErrorInvalidValue): the caller asked that
+  // predicate, so a mismatch is a bug.
   bool x_prepared = false;
   cudaStream_t stream = nullptr;
 };
