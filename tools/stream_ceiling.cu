@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 #include <algorithm>
+#include <string>
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 
@@ -95,7 +96,36 @@ float time_ms(F f) {
   return t[t.size() / 2];
 }
 
-int main() {
+// The same grid-stride read over matrices of 66 MB to 2 GB (argument "sizes"): how much of a
+// product's shortfall is its launch ramp and tail, which a larger read spreads thinner.
+int sizes() {
+  int sms;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int64_t total = int64_t{6} << 30;  // rotated copies: never read from L2
+  uint8_t* buf;
+  unsigned* out;
+  CK(cudaMalloc(&buf, total));
+  CK(cudaMalloc(&out, 4));
+  CK(cudaMemset(buf, 1, total));
+  for (const int64_t mb : {33, 66, 132, 235, 470, 1050, 2100}) {
+    const int64_t bytes = mb << 20;
+    const int copies = static_cast<int>(std::min<int64_t>(8, total / bytes));
+    int rot = 0;
+    for (int bpsm : {8, 16}) {
+      const float ms = time_ms([&] {
+        rot = (rot + 1) % copies;
+        grid_stride<<<sms * bpsm, 256>>>(reinterpret_cast<const uint4*>(buf + rot * bytes), bytes / 16, out);
+      });
+      printf("grid-stride %5lld MB, %2d blocks/SM x 256: %9.2f us  %6.2f TB/s\n", static_cast<long long>(mb), bpsm,
+             ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+    }
+  }
+  CK(cudaGetLastError());
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "sizes") return sizes();
   // Several copies of the matrix, rotated, so each launch reads one L2 does not hold.
   const int64_t rows = 28672, row_bytes = 2304, bytes = rows * row_bytes;  // 8B Q4_0 gate+up
   const int copies = 8;
