@@ -521,37 +521,42 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   auto chunk_blocks = [&](int64_t c) {
     return static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - c * Staged<T>::kBlocks));
   };
-  // An item: chunk c of row pair g (product seg, first row row0). KS == 1: items walk the
-  // chunks of row pairs wg, wg + n_warps, ...; KS > 1: chunks part, part + KS, ... of wg.
-  // Advanced step by step, not derived from the item index: it / n_chunks and it % n_chunks
-  // cost a 64-bit (or, when both fit, a 32-bit) division subroutine per chunk for the copy,
-  // the dot and the store. Measured (H200, 8B tg128 graph, one call, alternating): Q4_0
-  // 2.186 / 2.194 -> 2.165 / 2.161 ms, Q4_K_M 2.537 / 2.538 -> 2.499 / 2.501.
+  // KS == 1: a warp's items walk the chunks of row pairs wg, wg + n_warps, ...; an Item
+  // (chunk c of row pair g: product seg, first row row0) advanced step by step, not derived
+  // from the item index: it / n_chunks and it % n_chunks cost a 64-bit (or, when both fit,
+  // 32-bit) division subroutine per chunk for the copy, the dot and the store. Measured (H200,
+  // 8B tg128 graph, one call, alternating): Q4_0 2.186 / 2.194 -> 2.165 / 2.161 ms, Q4_K_M
+  // 2.537 / 2.538 -> 2.499 / 2.501. KS > 1: chunks part, part + KS, ... of row pair wg, from
+  // it as before: the same cursors there cost Q8_0 (40 registers) 4%, 3.29 -> 3.43 ms.
   struct Item {
     int64_t c, g, row0;
     int seg;
   };
   auto advance = [&](Item& m) {
-    if constexpr (KS == 1) {
-      if (++m.c == n_chunks) {
-        m.c = 0;
-        m.g += n_warps;
-        if (m.g < n_groups) m.seg = locate(m.g, m.row0);
-      }
-    } else {
-      m.c += KS;
+    if (++m.c == n_chunks) {
+      m.c = 0;
+      m.g += n_warps;
+      if (m.g < n_groups) m.seg = locate(m.g, m.row0);
     }
   };
-  Item head{KS == 1 ? 0 : part, wg, 0, 0};  // the next item to copy
-  if (wg < n_groups) head.seg = locate(wg, head.row0);
-  Item cur = head;  // the item being computed
-  // Item it (= head) into stage it % S: 16-byte copies, lanes strided (coalesced). A
-  // product's odd last row pair copies its last row twice (computed, never stored).
+  Item head{0, wg, 0, 0};  // KS == 1: the next item to copy
+  if (KS == 1 && wg < n_groups) head.seg = locate(wg, head.row0);
+  Item cur = head;  // KS == 1: the item being computed
+  // Item it into stage it % S: 16-byte copies, lanes strided (coalesced). A product's odd
+  // last row pair copies its last row twice (computed, never stored).
   auto issue = [&](int64_t it) {
     if (it >= n_items) return;
-    const int64_t c = head.c, row0 = head.row0;
-    const int seg = head.seg;
-    advance(head);
+    int64_t c, row0;
+    int seg;
+    if constexpr (KS == 1) {
+      c = head.c;
+      row0 = head.row0;
+      seg = head.seg;
+      advance(head);
+    } else {
+      c = part + KS * it;
+      seg = locate(wg, row0);
+    }
     const uint8_t* w = seg == 0 ? first.w : sg.a[seg].w + slot_e * sg.a[seg].expert_bytes;
     const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
     const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
@@ -561,7 +566,14 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
       const uint8_t* src =
           w + min(row0 + r, n_out - 1) * row_bytes + c * Staged<T>::kBlocks * Staged<T>::kBlockBytes;
       uint8_t* dst = sm[warp][it % S][r];
-      for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
+      // A fixed count of predicated copies per lane: a loop to `bytes` compiled to an unrolled
+      // loop with its remainder branches, about a third of the loop's instructions (SASS).
+      constexpr int kPerLane = (kChunk / 16 + 31) / 32;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        const int i = 16 * (lane + 32 * k);
+        if (i < bytes) __pipeline_memcpy_async(dst + i, src + i, 16);
+      }
     }
   };
   // Output row row0 + r of the pair's product (bounds checked), with the slot's expert applied.
@@ -631,7 +643,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
     __pipeline_wait_prior(S - 1);        // item it has landed (this lane's copies)
     __syncwarp();                        // ... and every lane's
-    const int64_t c = cur.c;
+    const int64_t c = KS == 1 ? cur.c : part + KS * it;
     blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % S][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
                               acc);
     __syncwarp();  // stage it % S is read by all lanes before item it + S overwrites it
@@ -645,8 +657,8 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
           for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
         }
       }
+      advance(cur);
     }
-    advance(cur);
   }
   if constexpr (KS > 1) {
     // Each warp's partial sums (lane-reduced), then the pair's first warp adds its group's in
@@ -824,7 +836,19 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // warps, each walking several row pairs with 3 stages: slower on every product but the
   // grouped q/k/v; each warp's arithmetic, not the number of loads in flight, was then the limit.)
   const int64_t n_chunks = (p.n_in / Staged<T>::kBlockElems + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
-  const int ks = p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
+  int ks = p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
+  // Four warps per row pair over more than one wave of resident blocks, where two warps per row
+  // pair in three-stage blocks fit one: two (the 8B Q8_0 down, 2048 blocks of four warps
+  // against ~1584 resident, and the BF16 wo and down). The same second, partial wave as for
+  // the Q4_0 down (matvec_ksplit). Measured (H200, 8B tg128 graph, one call, alternating):
+  // Q8_0 3.430 / 3.428 -> 3.343 / 3.337 ms, BF16 4.749 / 4.755 -> 4.624 / 4.608.
+  if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk)
+    if (ks == 4 && p.ksplit == 0 && n_chunks >= 5) {  // n_chunks: the three-stage kernel's condition below
+      const auto resident = [](const void* k) { return resident_blocks(k, kSWarps * 32, 0); };
+      const int64_t r4 = resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 4, false>));
+      const int64_t r2 = resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 2, false, 3>));
+      if (groups > r4 && (groups * 2 + kSWarps - 1) / kSWarps <= r2) ks = 2;
+    }
   FRINK_CUDA_CHECK(ks == 1 || ks == 2 || ks == 4 ? cudaSuccess : cudaErrorInvalidValue);
   const auto grid_x = static_cast<unsigned>((groups * ks + kSWarps - 1) / kSWarps);
   auto launch = [&](const Segs& s, dim3 g, int64_t t0, bool four) {
