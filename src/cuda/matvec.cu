@@ -526,8 +526,8 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   // from the item index: it / n_chunks and it % n_chunks cost a 64-bit (or, when both fit,
   // 32-bit) division subroutine per chunk for the copy, the dot and the store. Measured (H200,
   // 8B tg128 graph, one call, alternating): Q4_0 2.186 / 2.194 -> 2.165 / 2.161 ms, Q4_K_M
-  // 2.537 / 2.538 -> 2.499 / 2.501. KS > 1: chunks part, part + KS, ... of row pair wg, from
-  // it as before: the same cursors there cost Q8_0 (40 registers) 4%, 3.29 -> 3.43 ms.
+  // 2.537 / 2.538 -> 2.499 / 2.501. KS > 1 (one row pair a warp group): chunk part + KS * it,
+  // the pair looked up per copy; cursors there cost Q8_0 (held to 40 registers) 3.29 -> 3.43 ms.
   struct Item {
     int64_t c, g, row0;
     int seg;
