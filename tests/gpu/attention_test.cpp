@@ -93,24 +93,13 @@ double run_case(std::mt19937& rng, const Case& c) {
   // earlier layers: a merge that read a split nobody wrote would take them in.
   Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
   Dev<float> dslopes(slopes), dsinks(sinks);
-  cuda::AttnParams p;
-  p.q = dq.p;
-  p.q_stride = c.n_head * c.hd;
-  p.k = dk.p;
-  p.v = dv.p;
-  p.out = dout.p;
-  p.n_tok = c.n_tok;
-  p.pos = dpos.p;
-  p.max_keys = max_keys;
-  p.n_head = c.n_head;
-  p.n_head_kv = c.n_head_kv;
-  p.head_dim_k = p.head_dim_v = c.hd;
+  cuda::AttnParams p =
+      attn_params(dq.p, dk.p, dv.p, dout.p, part.p, c.n_tok, dpos.p, max_keys, c.n_head, c.n_head_kv, c.hd);
   p.scale = scale;
   p.softcap = c.softcap;
   p.window = c.window;
   p.alibi_slopes = c.alibi ? dslopes.p : nullptr;
   p.sinks = c.sinks ? dsinks.p : nullptr;
-  p.partial = part.p;
   cuda::launch_attention(p);
   const auto y = dout.get();
   return nmse(y.data(), ref.data(), ref.size());

@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/attention.cuh"
 #include "cuda/device_probe.h"
 #include "cuda/matmul.cuh"
 #include "cuda/rope.cuh"
@@ -112,6 +113,28 @@ inline cuda::RopeLaunch rope_launch(float* q, float* k, int64_t n_tok, int64_t n
   r.pos = pos;
   r.n_rot = n_rot;
   return r;
+}
+
+// Attention of q [n_tok][n_head * head_dim] against the mirrors' K/V rows [max_keys][n_head_kv *
+// head_dim] from device position *pos, into out, with the split-K scratch `partial`; callers
+// set the scale and the features they test (softcap, window, ALiBi, sinks, Q8 output).
+inline cuda::AttnParams attn_params(const float* q, const float* k, const float* v, float* out, float* partial,
+                                    int64_t n_tok, const int32_t* pos, int64_t max_keys, int64_t n_head,
+                                    int64_t n_head_kv, int64_t head_dim) {
+  cuda::AttnParams p;
+  p.q = q;
+  p.q_stride = n_head * head_dim;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.partial = partial;
+  p.n_tok = n_tok;
+  p.pos = pos;
+  p.max_keys = max_keys;
+  p.n_head = n_head;
+  p.n_head_kv = n_head_kv;
+  p.head_dim_k = p.head_dim_v = head_dim;
+  return p;
 }
 
 // r's K/V append: v [n_tok][v_width], the mirror's K/V rows and the staging rows.

@@ -501,21 +501,10 @@ TEST(CudaKernels, AttentionMergeWritesQ8BlocksOfItsOutput) {
       Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)}),
           dsum(std::vector<int32_t>(static_cast<size_t>(n_x / 32), 12345));
       Dev<int8_t> dq8(std::vector<int8_t>(static_cast<size_t>(n_x), 0x55));
-      cuda::AttnParams p;
-      p.q = dq.p;
-      p.q_stride = n_in;
-      p.k = dk.p;
-      p.v = dv.p;
-      p.n_tok = c.n_tok;
-      p.pos = dpos.p;
-      p.max_keys = max_keys;
-      p.n_head = c.n_head;
-      p.n_head_kv = c.n_head_kv;
-      p.head_dim_k = p.head_dim_v = c.hd;
+      cuda::AttnParams p =
+          attn_params(dq.p, dk.p, dv.p, out1.p, part.p, c.n_tok, dpos.p, max_keys, c.n_head, c.n_head_kv, c.hd);
       p.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
       p.sinks = c.sinks ? dsinks.p : nullptr;
-      p.partial = part.p;
-      p.out = out1.p;
       cuda::launch_attention(p);
       p.out = out2.p;
       p.out_q8 = dq8.p;
@@ -580,16 +569,7 @@ TEST(CudaKernels, AttentionMergeWritesQ8BlocksOfItsOutput) {
   // (n_tok, head dim, Q8_K): prefill; a Q8_0 block straddling heads; one head of 64 for a
   // 256-block.
   for (const auto& [n_tok, hd, q8k] : {std::tuple<int64_t, int64_t, bool>{8, 64, false}, {1, 48, false}, {1, 64, true}}) {
-    cuda::AttnParams p;
-    p.q = p.k = p.v = dqkv.p;
-    p.q_stride = hd;
-    p.out = dout.p;
-    p.n_tok = n_tok;
-    p.pos = dpos.p;
-    p.max_keys = n_tok;
-    p.n_head = p.n_head_kv = 1;
-    p.head_dim_k = p.head_dim_v = hd;
-    p.partial = dpart.p;
+    cuda::AttnParams p = attn_params(dqkv.p, dqkv.p, dqkv.p, dout.p, dpart.p, n_tok, dpos.p, n_tok, 1, 1, hd);
     p.out_q8 = dq8.p;
     p.out_d8 = dd8.p;
     p.out_sum = q8k ? dsum.p : nullptr;
