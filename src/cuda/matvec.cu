@@ -438,6 +438,8 @@ constexpr int kSRows = 2;   // rows per item (their activation loads shared, see
 constexpr int kStages = 2;  // items per warp in shared memory (S): S - 1 in flight; 3 in two cases (below)
 // Chunks up to this many bytes also have a three-stage kernel (27.6 KB a block, 8 a SM).
 constexpr int kThreeStageMaxChunk = 1152;
+// KS == 2 launches of rows of this many chunks or more take it (matvec_stream_launch).
+constexpr int64_t kThreeStageMinChunks = 5;
 
 // MatmulParams::rope as a stream launch applies it (the kernel's Rope store): per product of
 // the launch, whether its row pairs rotate (q, k) and where its rows are appended (k, v: the
@@ -813,6 +815,9 @@ void matvec_launch(const MatmulParams& p, const Args& a0) {
 // 260.2/260.9 (one call, alternating). Q8_0 (14 chunks) and BF16 (28) keep 4.
 static int matvec_ksplit(int64_t n_chunks) { return n_chunks >= 8 ? 4 : n_chunks >= 3 ? 2 : 1; }
 
+// Blocks of a stream kernel resident at once on the device (one wave).
+static int64_t stream_resident(const void* kernel) { return resident_blocks(kernel, kSWarps * 32, 0); }
+
 // Grid x for a KS == 1 stream launch of grid g: a grid of more than one wave of resident
 // blocks but at most two is cut to one wave, its warps walking a second row pair (the kernel's
 // grid-stride loop), so no partial second wave costs a whole memory round trip. It hits the
@@ -821,7 +826,7 @@ static int matvec_ksplit(int64_t n_chunks) { return n_chunks >= 8 ? 4 : n_chunks
 // grids are under one wave or over two (gate/up 2.7 waves: walking 2-3 row pairs per warp
 // was v4, slower), and KS > 1 launches are one row pair per warp group: both unchanged.
 static unsigned one_wave_x(const void* kernel, dim3 g) {
-  const int64_t w = resident_blocks(kernel, kSWarps * 32, 0);
+  const int64_t w = stream_resident(kernel);
   const int64_t total = int64_t{g.x} * g.y;
   if (w <= 0 || total <= w || total > 2 * w) return g.x;
   return static_cast<unsigned>(std::max<int64_t>(1, (w / g.y)));
@@ -877,10 +882,9 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // the Q4_0 down (matvec_ksplit). Measured (H200, 8B tg128 graph, one call, alternating):
   // Q8_0 3.430 / 3.428 -> 3.343 / 3.337 ms, BF16 4.749 / 4.755 -> 4.624 / 4.608.
   if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk)
-    if (ks == 4 && p.ksplit == 0 && n_chunks >= 5) {  // n_chunks: the three-stage kernel's condition below
-      const auto resident = [](const void* k) { return resident_blocks(k, kSWarps * 32, 0); };
-      const int64_t r4 = resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 4, false>));
-      const int64_t r2 = resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 2, false, 3>));
+    if (ks == 4 && p.ksplit == 0 && n_chunks >= kThreeStageMinChunks) {
+      const int64_t r4 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 4, false>));
+      const int64_t r2 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 2, false, 3>));
       if (groups > r4 && (groups * 2 + kSWarps - 1) / kSWarps <= r2) ks = 2;
     }
   FRINK_CUDA_CHECK(ks == 1 || ks == 2 || ks == 4 ? cudaSuccess : cudaErrorInvalidValue);
@@ -902,7 +906,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk) {
           if (n_chunks == 2) {
             const auto k3 = matvec_stream_kernel<T, NT, 1, R, 3>;
-            if (int64_t{g.x} * g.y <= resident_blocks(reinterpret_cast<const void*>(k3), kSWarps * 32, 0)) {
+            if (int64_t{g.x} * g.y <= stream_resident(reinterpret_cast<const void*>(k3))) {
               launch_dependent(k3, g, b, 0, p.stream, s, x);
               return;
             }
@@ -918,7 +922,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // Q4_K_M 3.131 / 3.138 -> 3.131 / 3.131. A third stage for every split launch cost
         // Q8_0 and BF16 3% (fewer blocks resident, nothing more in flight).
         if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk) {  // no three-stage kernel for wider chunks
-          if (n_chunks >= 5) {
+          if (n_chunks >= kThreeStageMinChunks) {
             launch_dependent(matvec_stream_kernel<T, NT, 2, R, 3>, g, b, 0, p.stream, s, x);
             return;
           }
