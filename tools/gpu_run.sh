@@ -16,7 +16,7 @@
 # SYNTH_FLAGS go to frink synth (e.g. "--layers 8" for the 80B hybrid).
 # NO_BENCH=1 skips the benches (a profile-only call), NO_TESTS=1 the GPU tests (later runs of
 # one call); VARIANTS (below) benches each file under several environment settings. MICRO=1
-# first builds and runs the two microbenchmarks (tools/stream_ceiling.cu, tools/step_latency.cu)
+# first builds and runs the microbenchmarks (tools/stream_ceiling.cu, step_latency.cu, layer_stream.cu)
 # with the device's nvcc.
 # Without carried binaries it builds here (-j16, sm_90) first.
 set -o pipefail
@@ -36,7 +36,7 @@ else
 fi
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv,noheader
 if [ -n "$MICRO" ]; then
-  for m in stream_ceiling step_latency; do
+  for m in stream_ceiling step_latency layer_stream; do
     nvcc -O3 -arch=sm_90 "tools/$m.cu" -o "/tmp/$m" && timeout 120 "/tmp/$m" 2>&1 | tee "$OUT/$m.txt"
   done
 fi

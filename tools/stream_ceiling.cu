@@ -5,54 +5,9 @@
 // kernel skeleton: one warp per row pair, chunks of 1152 bytes copied by cp.async, two stages,
 // four warps per block, a token read of the copy; (c) (b) with each warp's rows read straight
 // into registers (all of a row pair's 16-byte loads issued before any use).
-#include <cuda_pipeline.h>
-#include <cstdio>
-#include <cstdint>
-#include <vector>
-#include <algorithm>
 #include <string>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
-
-__global__ void grid_stride(const uint4* __restrict__ p, int64_t n, unsigned* out) {
-  unsigned acc = 0;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
-    acc ^= a.x ^ b.y ^ c.z ^ d.w;
-  }
-  for (; i < n; i += stride) acc ^= __ldg(p + i).x;
-  if (acc == 0x12345678) out[0] = acc;
-}
-
-template <int Chunk, int Warps>
-__global__ void __launch_bounds__(Warps * 32) staged(const uint8_t* w, int64_t row_bytes, int64_t n_rows, unsigned* out) {
-  __shared__ __align__(16) uint8_t sm[Warps][2][2][Chunk];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t pair = int64_t{blockIdx.x} * Warps + warp;
-  if (2 * pair >= n_rows) return;
-  const int n_chunks = static_cast<int>(row_bytes / Chunk);
-  auto issue = [&](int c) {
-    if (c >= n_chunks) return;
-    for (int r = 0; r < 2; ++r) {
-      const uint8_t* src = w + (2 * pair + r) * row_bytes + int64_t{c} * Chunk;
-      for (int i = lane * 16; i < Chunk; i += 512) __pipeline_memcpy_async(&sm[warp][c % 2][r][i], src + i, 16);
-    }
-  };
-  unsigned acc = 0;
-  issue(0);
-  __pipeline_commit();
-  for (int c = 0; c < n_chunks; ++c) {
-    issue(c + 1);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncwarp();
-    acc ^= reinterpret_cast<const unsigned*>(sm[warp][c % 2][0])[lane] ^ reinterpret_cast<const unsigned*>(sm[warp][c % 2][1])[lane + 32];
-    __syncwarp();
-  }
-  if (acc == 0x12345678) out[0] = acc;
-}
+#include "microbench.cuh"
 
 // Each lane loads its 16-byte pieces of both rows into registers, all issued at once.
 template <int RowBytes, int Warps>
@@ -77,27 +32,16 @@ __global__ void __launch_bounds__(Warps * 32) direct(const uint8_t* w, int64_t n
   if (acc == 0x12345678) out[0] = acc;
 }
 
+// Milliseconds of one launch, the median of 20 (launched one at a time, events around each).
 template <class F>
 float time_ms(F f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < 25; ++i) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    if (i >= 5) t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median_us(0, f, 20) * 1e-3f;
 }
 
-// The same grid-stride read over matrices of 66 MB to 2 GB (argument "sizes"): how much of a
-// product's shortfall is its launch ramp and tail, which a larger read spreads thinner.
+// The same grid-stride read over matrices of 33 MB to 2 GB (argument "sizes"), each launch
+// timed alone (events around it): the smaller the read, the more its launch latency, ramp and
+// tail weigh. Timed alone these overstate what the products lose in a token: back to back in
+// one graph, a layer's four bare reads reach 3.6 TB/s (tools/layer_stream.cu).
 int sizes() {
   int sms;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
