@@ -17,8 +17,6 @@
 // same, q/k/v + wo alone 8.8 (2.69 TB/s); (b)/(c) 34.6-43.7, the best at 1024 threads x 2 a
 // SM with 48 KB first copied. So launches back to back cost little, and the persistent FFN
 // kernel lost: tools/stream_ceiling.cu's single-launch timings had overstated the ramps.
-#include <chrono>
-
 #include "microbench.cuh"
 
 constexpr int kLayers = 32;
@@ -51,17 +49,9 @@ __device__ void copy_async(uint4* sm, const uint8_t* src, int64_t n) {
   __pipeline_commit();
 }
 
+// This block's threads over its share.
 __device__ unsigned read_direct(const uint8_t* p, int64_t n) {
-  const uint4* q = reinterpret_cast<const uint4*>(p);
-  const int64_t m = n / 16, s = blockDim.x;
-  int64_t i = threadIdx.x;
-  unsigned acc = 0;
-  for (; i + 3 * s < m; i += 4 * s) {
-    const uint4 a = __ldg(q + i), b = __ldg(q + i + s), c = __ldg(q + i + 2 * s), d = __ldg(q + i + 3 * s);
-    acc ^= a.x ^ b.y ^ c.z ^ d.w;
-  }
-  for (; i < m; i += s) acc ^= __ldg(q + i).x;
-  return acc;
+  return strided_read(reinterpret_cast<const uint4*>(p), threadIdx.x, n / 16, blockDim.x);
 }
 
 __device__ unsigned read_smem(const uint4* sm, int64_t n) {
@@ -159,7 +149,10 @@ int main() {
                 kLayers * (kGu + kDown) / (us * 1e-6) / 1e12, 100.0 * ideal * kLayers / us);
   };
 
-  for (const int pass : {0, 1, 2, 3})  {  // (a) today's launches per layer in one graph; passes 2, 3: random bytes
+  // (a) today's launches per layer in one graph; passes 2, 3: random bytes
+  const char* const a_names[4] = {"(a) graph: gate/up, down launches only", "(a) graph: norm, gate/up, GLU, down launches",
+                                  "(a) random bytes: gate/up, down launches only", "(a) random bytes: norm, gate/up, GLU, down"};
+  for (const int pass : {0, 1, 2, 3}) {
     const bool smalls = pass % 2 == 1;
     if (pass == 2) {
       fill_hash<<<4096, 256>>>(reinterpret_cast<uint32_t*>(w), total / 4, 7);
@@ -177,8 +170,10 @@ int main() {
     }
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
-    report(pass == 0 ? "(a) graph: gate/up, down launches only" : pass == 1 ? "(a) graph: norm, gate/up, GLU, down launches" : pass == 2 ? "(a) random bytes: gate/up, down launches only" : "(a) random bytes: norm, gate/up, GLU, down", median_us(st, [&] { cudaGraphLaunch(ge, st); }));
+    report(a_names[pass], median_us(st, [&] { cudaGraphLaunch(ge, st); }));
     CK(cudaStreamSynchronize(st));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
   }
   {  // (a2) a whole layer's four products (q/k/v 14.2 MB, wo 9.4, gate/up, down) as bare reads,
      // from one allocation per matrix (as frink uploads them), back to back in one graph
@@ -192,12 +187,14 @@ int main() {
         m.push_back(q);
       }
     const int64_t rb[4] = {2304, 2304, 2304, 8064};  // row bytes (Q4_0 rows of 4096 and 14336)
-    for (const int which : {0, 1, 2, 3, 4}) {  // 3: all four again, the bytes random; 4: staged rows
+    const char* const names[5] = {"q/k/v, wo, gate/up, down:", "q/k/v and wo only:", "gate/up and down only:",
+                                  "all four, random bytes:", "all four, staged rows:"};
+    for (const int which : {0, 1, 2, 3, 4}) {
       if (which == 3) {
         for (int l = 0; l < kLayers; ++l)
           for (int k = 0; k < 4; ++k) fill_hash<<<1024, 256>>>(reinterpret_cast<uint32_t*>(m[l * 4 + k]), sz[k] / 4, l * 4 + k);
         CK(cudaDeviceSynchronize());
-      }  // all four; q/k/v and wo only; gate/up and down only
+      }
       cudaGraph_t g;
       cudaGraphExec_t ge;
       CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -214,32 +211,17 @@ int main() {
       CK(cudaStreamEndCapture(st, &g));
       CK(cudaGraphInstantiate(&ge, g, 0));
       const float us = median_us(st, [&] { cudaGraphLaunch(ge, st); });
-      std::printf("(a2) graph of bare reads, %-26s %7.2f us/layer  %5.2f TB/s\n",
-                  which == 0 ? "q/k/v, wo, gate/up, down:" : which == 1 ? "q/k/v and wo only:" : which == 2 ? "gate/up and down only:" : which == 3 ? "all four, random bytes:" : "all four, staged rows:",
-                  us / kLayers, bytes / (us * 1e-6) / 1e12);
-      CK(cudaStreamSynchronize(st));
+      std::printf("(a2) graph of bare reads, %-26s %7.2f us/layer  %5.2f TB/s\n", names[which], us / kLayers,
+                  bytes / (us * 1e-6) / 1e12);
       if (which == 0 || which >= 3) {
-        // As frink's decode steps run it: record, replay, record, wait for the stream, then
-        // the host's share of a token (about 60 us) while the device idles.
-        cudaEvent_t a, b;
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-        std::vector<float> t;
-        for (int r = 0; r < 60; ++r) {
-          cudaEventRecord(a, st);
-          cudaGraphLaunch(ge, st);
-          cudaEventRecord(b, st);
-          cudaStreamSynchronize(st);
-          float ms = 0;
-          cudaEventElapsedTime(&ms, a, b);
-          t.push_back(ms * 1e3f);
-          const auto t0 = std::chrono::steady_clock::now();
-          while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(60)) {
-          }
-        }
-        std::sort(t.begin(), t.end());
-        std::printf("(a2) the same, one replay at a time with 60 us idle between: %7.2f us/layer\n", t[30] / kLayers);
+        // As frink's decode steps run it: the host's share of a token (about 60 us) between
+        // replays, the device idle.
+        const float one = median_us(st, [&] { cudaGraphLaunch(ge, st); }, 60, 60);
+        std::printf("(a2) the same, one replay at a time with 60 us idle between: %7.2f us/layer\n", one / kLayers);
       }
+      CK(cudaStreamSynchronize(st));
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
     }
     for (uint8_t* q : m) cudaFree(q);
   }

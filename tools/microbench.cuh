@@ -6,6 +6,7 @@
 #include <cuda_pipeline.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -20,16 +21,21 @@
     }                                                                                           \
   } while (0)
 
-// The bare read: grid-stride 16-byte loads, four in flight per lane, a token use of each.
-__global__ void grid_stride(const uint4* __restrict__ p, int64_t n, unsigned* out) {
+// 16-byte loads p[i], p[i + stride], ... below n, four in flight, a token use of each.
+__device__ unsigned strided_read(const uint4* __restrict__ p, int64_t i, int64_t n, int64_t stride) {
   unsigned acc = 0;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < n; i += 4 * stride) {
     uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
     acc ^= a.x ^ b.y ^ c.z ^ d.w;
   }
   for (; i < n; i += stride) acc ^= __ldg(p + i).x;
+  return acc;
+}
+
+// The bare read: the whole grid strided over p.
+__global__ void grid_stride(const uint4* __restrict__ p, int64_t n, unsigned* out) {
+  const unsigned acc =
+      strided_read(p, int64_t{blockIdx.x} * blockDim.x + threadIdx.x, n, int64_t{gridDim.x} * blockDim.x);
   if (acc == 0x12345678) out[0] = acc;
 }
 
@@ -84,9 +90,10 @@ __device__ void grid_barrier(unsigned* count, volatile unsigned* gen) {
 }
 
 // Median microseconds of `reps` runs of run() on stream st (events around each), after one
-// run not counted.
+// run not counted; with idle_us, the host waits that long after each run with the device idle
+// (as between frink's decode steps).
 template <class F>
-float median_us(cudaStream_t st, F run, int reps = 9) {
+float median_us(cudaStream_t st, F run, int reps = 9, int idle_us = 0) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -100,6 +107,9 @@ float median_us(cudaStream_t st, F run, int reps = 9) {
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     t.push_back(ms * 1e3f);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::microseconds(idle_us)) {
+    }
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
