@@ -152,6 +152,82 @@ template <> struct Staged<kQ4_0Pairs> : StagedGeom<kQ4_0, 64> {};
 
 __device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
 
+// Q4_0, one lane per block pair (36 bytes, 4-byte aligned in the staged chunk, whose blocks
+// start at an even index), one token: the kQ4_0Pairs kernel variant. A chunk holds at most 64
+// blocks, so a lane has at most one pair: blocks b0 + 2 lane and b0 + 2 lane + 1 of nb.
+// PairAct is that pair's activation (two Q8_0 blocks), loaded apart from the arithmetic so the
+// stream kernel can load it before waiting for the weights.
+struct PairAct {
+  int4 q[4];   // block A's 32 bytes, then B's
+  float da, db;
+};
+
+__device__ __forceinline__ PairAct pair_act(const StagedAct& x, int64_t b0, int nb) {
+  const int lane = threadIdx.x % 32;
+  PairAct p{};
+  if (2 * lane < nb) {
+    const int64_t ib = b0 + 2 * lane;
+    const bool two = 2 * lane + 1 < nb;  // always, for staged rows (a multiple of 8 blocks); kept exact anyway
+    const int4* xp = reinterpret_cast<const int4*>(x.q8 + ib * 32);
+    p.q[0] = xp[0];
+    p.q[1] = xp[1];
+    p.q[2] = two ? xp[2] : make_int4(0, 0, 0, 0);
+    p.q[3] = two ? xp[3] : make_int4(0, 0, 0, 0);
+    p.da = x.d8[ib];
+    p.db = two ? x.d8[ib + 1] : 0.0f;
+  }
+  return p;
+}
+
+// The pair's dot with R rows at s + r * rs into acc[r]: nine 4-byte shared loads and four
+// funnel shifts give both blocks' scales and quants, where kQ4_0's two-lanes-per-block branch
+// of blocks_dot spends five 2-byte loads per lane and block (the 18-byte blocks are only 2-byte
+// aligned) and loads each activation piece per lane pair. The same integer per block,
+// converted and scaled once (ggml's vec_dot_q4_0_q8_0 order) where that branch adds two
+// halves' products: equal up to f32 rounding.
+template <int R>
+__device__ __forceinline__ void pairs_dot(const uint8_t* s, int64_t rs, int nb, const PairAct& x, float (&acc)[R][1]) {
+  const int j = threadIdx.x % 32;
+  if (2 * j >= nb) return;
+  const bool two = 2 * j + 1 < nb;
+  // One block: sum over its 32 elements of q x, q the raw nibbles of the 4 qs words (low
+  // nibbles are elements 4i.., piece lo; high ones 16 + 4i.., piece hi), from `sum`.
+  const auto block_dot = [](const int (&q)[4], const int4& lo, const int4& hi, int sum) {
+    const int l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sum = __dp4a(q[i] & 0x0F0F0F0F, l[i], sum);
+      sum = __dp4a((q[i] >> 4) & 0x0F0F0F0F, h[i], sum);
+    }
+    return sum;
+  };
+  const auto bytes_sum = [](const int4& v, int sum) {
+    sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, sum));
+    return __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum));
+  };
+  // 8 x each block's activation sum: the offset of 8, taken off once.
+  const int xsa = 8 * bytes_sum(x.q[1], bytes_sum(x.q[0], 0)), xsb = 8 * bytes_sum(x.q[3], bytes_sum(x.q[2], 0));
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    // Words of bytes [36 j, 36 j + 36): block A = d at 0, qs at 2..17; block B = d at 18,
+    // qs at 20..35. A lone last block's B words lie inside the stage (never used).
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(s + r * rs + 36 * j);
+    uint32_t v[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) v[i] = w[i];
+    const float da = __half2float(__ushort_as_half(static_cast<unsigned short>(v[0] & 0xFFFFu)));
+    const float db = __half2float(__ushort_as_half(static_cast<unsigned short>(v[4] >> 16)));
+    int qa[4], qb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      qa[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], 16));
+      qb[i] = static_cast<int>(v[5 + i]);
+    }
+    acc[r][0] += static_cast<float>(block_dot(qa, x.q[0], x.q[1], -xsa)) * (da * x.da);
+    if (two) acc[r][0] += static_cast<float>(block_dot(qb, x.q[2], x.q[3], -xsb)) * (db * x.db);
+  }
+}
+
 // Blocks [b0, b0 + nb) of R rows whose bytes start at s + r * rs (shared memory for the
 // staged kernel, the row itself for the direct one), into acc[r] (NT activation rows): the
 // host's vec_dot_q4_0_q8_0 / q8_0_q8_0 / q4_K_q8_K / q6_K_q8_K arithmetic (integer dots per
@@ -165,70 +241,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
   if constexpr (T == kQ4_0Pairs && NT > 1) {
     blocks_dot<kQ4_0, NT, R>(a, x, s, rs, b0, nb, acc);  // pairs for one token only (registers)
   } else if constexpr (T == kQ4_0Pairs) {
-    // Q4_0, one lane per block pair (36 bytes, 4-byte aligned in the staged chunk, whose
-    // blocks start at an even index): nine 4-byte shared loads and four funnel shifts give
-    // both blocks' scales and quants, where the two-lanes-per-block branch below spends five
-    // 2-byte loads per lane and block (the 18-byte blocks are only 2-byte aligned) and loads
-    // each activation piece per lane pair. The same integer per block, converted and scaled
-    // once (ggml's vec_dot_q4_0_q8_0 order) where that branch adds two halves' products: equal
-    // up to f32 rounding.
-    const int64_t n_blk = a.n_in / 32;
-    // One block: sum over its 32 elements of q x, q the raw nibbles of the 4 qs words (low
-    // nibbles are elements 4i.., piece lo; high ones 16 + 4i.., piece hi), from `sum`.
-    const auto block_dot = [](const int (&q)[4], const int4& lo, const int4& hi, int sum) {
-      const int l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        sum = __dp4a(q[i] & 0x0F0F0F0F, l[i], sum);
-        sum = __dp4a((q[i] >> 4) & 0x0F0F0F0F, h[i], sum);
-      }
-      return sum;
-    };
-    const auto bytes_sum = [](const int4& v, int sum) {
-      sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, sum));
-      return __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum));
-    };
-    for (int j = lane; 2 * j < nb; j += 32) {
-      const int64_t ib = b0 + 2 * j;
-      const bool two = 2 * j + 1 < nb;  // always, for staged rows (a multiple of 8 blocks); kept exact anyway
-      int4 xq[NT][4];
-      float dxa[NT], dxb[NT];
-      int xsa[NT], xsb[NT];  // 8 x each block's activation sum: the offset of 8, taken off once
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int4* xp = reinterpret_cast<const int4*>(x.q8 + t * a.n_in + ib * 32);
-        xq[t][0] = xp[0];
-        xq[t][1] = xp[1];
-        xq[t][2] = two ? xp[2] : make_int4(0, 0, 0, 0);
-        xq[t][3] = two ? xp[3] : make_int4(0, 0, 0, 0);
-        dxa[t] = x.d8[t * n_blk + ib];
-        dxb[t] = two ? x.d8[t * n_blk + ib + 1] : 0.0f;
-        xsa[t] = 8 * bytes_sum(xq[t][1], bytes_sum(xq[t][0], 0));
-        xsb[t] = 8 * bytes_sum(xq[t][3], bytes_sum(xq[t][2], 0));
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        // Words of bytes [36 j, 36 j + 36): block A = d at 0, qs at 2..17; block B = d at 18,
-        // qs at 20..35. A lone last block's B words lie inside the stage (never used).
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(s + r * rs + 36 * j);
-        uint32_t v[9];
-#pragma unroll
-        for (int i = 0; i < 9; ++i) v[i] = w[i];
-        const float da = __half2float(__ushort_as_half(static_cast<unsigned short>(v[0] & 0xFFFFu)));
-        const float db = __half2float(__ushort_as_half(static_cast<unsigned short>(v[4] >> 16)));
-        int qa[4], qb[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          qa[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], 16));
-          qb[i] = static_cast<int>(v[5 + i]);
-        }
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          acc[r][t] += static_cast<float>(block_dot(qa, xq[t][0], xq[t][1], -xsa[t])) * (da * dxa[t]);
-          if (two) acc[r][t] += static_cast<float>(block_dot(qb, xq[t][2], xq[t][3], -xsb[t])) * (db * dxb[t]);
-        }
-      }
-    }
+    pairs_dot<R>(s, rs, nb, pair_act(x, b0, nb), acc);
   } else if constexpr (T == kQ4_0 || T == kQ8_0) {
     // Lanes per weight block: Q4_0 2 (bytes [8k, 8k + 8) of qs: elements 8k.. and 16 + 8k..),
     // Q8_0 4 (elements [8k, 8k + 8)). Activation pieces are 8-byte aligned: one int2 load each.
@@ -677,11 +690,21 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   for (int64_t it = 0; it < n_items; ++it) {
     issue(it + S - 1);
     __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
+    const int64_t c = KS == 1 ? cur.c : part + KS * it;
+    // Q4_0 pairs, one token: the lane's activation loaded before the wait for the item's
+    // weights, its round trip overlapping theirs. Loaded after, it was the wait that began every
+    // item: the kernel with constant activations instead ran the 8B token in 1.88 ms against
+    // 2.20 (an AB-TEMP build; H200, docs/gpu-notes.md, twelfth session).
+    constexpr bool kActFirst = T == kQ4_0Pairs && NT == 1;
+    [[maybe_unused]] PairAct xa;
+    if constexpr (kActFirst) xa = pair_act(x, c * Staged<T>::kBlocks, chunk_blocks(c));
     __pipeline_wait_prior(S - 1);        // item it has landed (this lane's copies)
     __syncwarp();                        // ... and every lane's
-    const int64_t c = KS == 1 ? cur.c : part + KS * it;
-    blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % S][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
-                              acc);
+    if constexpr (kActFirst)
+      pairs_dot<kSRows>(sm[warp][it % S][0], kChunk, chunk_blocks(c), xa, acc);
+    else
+      blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % S][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
+                                acc);
     __syncwarp();  // stage it % S is read by all lanes before item it + S overwrites it
     if constexpr (KS == 1) {
       if (c == n_chunks - 1) {
