@@ -228,6 +228,87 @@ __device__ __forceinline__ void pairs_dot(const uint8_t* s, int64_t rs, int nb, 
   }
 }
 
+// Q8_0, one lane per block (a chunk's 32 blocks of 34 bytes: one each), one token: the stream
+// kernel's Q8_0 dot (LaneDot below). Why: four lanes a block with 2-byte loads (the 34-byte
+// blocks are only 2-byte aligned) spent five shared loads per lane, block and row, most in
+// 2-way bank conflicts, and an activation load per lane and pass (4 a chunk); this way nine
+// 4-byte loads per row and 3 activation loads a chunk. An even block starts 4-byte aligned
+// (its quants then 2 bytes off: funnel shifts), an odd one 2 bytes past a word (its quants
+// aligned). One integer per block, scaled once (ggml's vec_dot_q8_0_q8_0 order), where the
+// four-lane branch of blocks_dot adds four scaled partials: equal up to f32 rounding.
+struct Q8BlockAct {
+  int4 q[2];  // the block's 32 activation bytes
+  float d;
+};
+
+__device__ __forceinline__ Q8BlockAct q8_block_act(const StagedAct& x, int64_t b0, int nb) {
+  const int lane = threadIdx.x % 32;
+  Q8BlockAct a{};
+  if (lane < nb) {
+    const int4* xp = reinterpret_cast<const int4*>(x.q8 + (b0 + lane) * 32);
+    a.q[0] = xp[0];
+    a.q[1] = xp[1];
+    a.d = x.d8[b0 + lane];
+  }
+  return a;
+}
+
+template <int R>
+__device__ __forceinline__ void q8_blocks_dot(const uint8_t* s, int64_t rs, int nb, const Q8BlockAct& x,
+                                              float (&acc)[R][1]) {
+  const int j = threadIdx.x % 32;
+  if (j >= nb) return;
+  const int odd = j & 1;
+  // Block j's bytes [34 j, 34 j + 34) lie in the 9 words from byte 34 j - 2 odd (an even
+  // block's last word reaches 2 bytes into the next block; the last even block is 30, inside
+  // the chunk). Quant word m: bytes 2 + 4m.. of the block, i.e. words m, m + 1 shifted right by
+  // 16 bits (even) or word m + 1 itself (odd: a shift of 32).
+  const uint32_t sh = 16u + 16u * static_cast<uint32_t>(odd);
+  const int xw[8] = {x.q[0].x, x.q[0].y, x.q[0].z, x.q[0].w, x.q[1].x, x.q[1].y, x.q[1].z, x.q[1].w};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(s + r * rs + 34 * j - 2 * odd);
+    uint32_t v[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) v[i] = w[i];
+    const float d = __half2float(__ushort_as_half(static_cast<unsigned short>((v[0] >> (sh - 16u)) & 0xFFFFu)));
+    int sum = 0;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) sum = __dp4a(static_cast<int>(__funnelshift_rc(v[m], v[m + 1], sh)), xw[m], sum);
+    acc[r][0] += static_cast<float>(sum) * (d * x.d);
+  }
+}
+
+// One-token dots whose lane activation is loaded apart from the arithmetic, so that the stream
+// kernel loads it before waiting for the item's weights (its round trip overlapping theirs):
+// Act, act(x, b0, nb) and dot<R>(s, rs, nb, act, acc). Others: kOn false (blocks_dot).
+template <int T>
+struct LaneDot {
+  static constexpr bool kOn = false;
+  struct Act {};
+};
+template <>
+struct LaneDot<kQ4_0Pairs> {
+  static constexpr bool kOn = true;
+  using Act = PairAct;
+  static __device__ __forceinline__ Act act(const StagedAct& x, int64_t b0, int nb) { return pair_act(x, b0, nb); }
+  template <int R>
+  static __device__ __forceinline__ void dot(const uint8_t* s, int64_t rs, int nb, const Act& a, float (&acc)[R][1]) {
+    pairs_dot<R>(s, rs, nb, a, acc);
+  }
+};
+template <>
+struct LaneDot<kQ8_0> {
+  static_assert(Staged<kQ8_0>::kBlocks == 32, "a chunk's blocks are one a lane");
+  static constexpr bool kOn = true;
+  using Act = Q8BlockAct;
+  static __device__ __forceinline__ Act act(const StagedAct& x, int64_t b0, int nb) { return q8_block_act(x, b0, nb); }
+  template <int R>
+  static __device__ __forceinline__ void dot(const uint8_t* s, int64_t rs, int nb, const Act& a, float (&acc)[R][1]) {
+    q8_blocks_dot<R>(s, rs, nb, a, acc);
+  }
+};
+
 // Blocks [b0, b0 + nb) of R rows whose bytes start at s + r * rs (shared memory for the
 // staged kernel, the row itself for the direct one), into acc[r] (NT activation rows): the
 // host's vec_dot_q4_0_q8_0 / q8_0_q8_0 / q4_K_q8_K / q6_K_q8_K arithmetic (integer dots per
@@ -691,17 +772,18 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     issue(it + S - 1);
     __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
     const int64_t c = KS == 1 ? cur.c : part + KS * it;
-    // Q4_0 pairs, one token: the lane's activation loaded before the wait for the item's
-    // weights, its round trip overlapping theirs. Loaded after, it was the wait that began every
-    // item: the kernel with constant activations instead ran the 8B token in 1.88 ms against
-    // 2.20 (an AB-TEMP build; H200, docs/gpu-notes.md, twelfth session).
-    constexpr bool kActFirst = T == kQ4_0Pairs && NT == 1;
-    [[maybe_unused]] PairAct xa;
-    if constexpr (kActFirst) xa = pair_act(x, c * Staged<T>::kBlocks, chunk_blocks(c));
+    // One token (LaneDot): the lane's activation loaded before the wait for the item's weights,
+    // its round trip overlapping theirs. Loaded after, it was the wait that began every item:
+    // the kernel with constant activations instead ran the 8B token in 1.88 ms against 2.20
+    // (an AB-TEMP build; H200, docs/gpu-notes.md, twelfth session); Q4_0 pairs this way, 8B
+    // graph 2.101-2.105 -> 2.075-2.078 ms (H200, one call, alternating).
+    constexpr bool kActFirst = NT == 1 && LaneDot<T>::kOn;
+    [[maybe_unused]] typename LaneDot<T>::Act xa;
+    if constexpr (kActFirst) xa = LaneDot<T>::act(x, c * Staged<T>::kBlocks, chunk_blocks(c));
     __pipeline_wait_prior(S - 1);        // item it has landed (this lane's copies)
     __syncwarp();                        // ... and every lane's
     if constexpr (kActFirst)
-      pairs_dot<kSRows>(sm[warp][it % S][0], kChunk, chunk_blocks(c), xa, acc);
+      LaneDot<T>::template dot<kSRows>(sm[warp][it % S][0], kChunk, chunk_blocks(c), xa, acc);
     else
       blocks_dot<T, NT, kSRows>(first, x, sm[warp][it % S][0], kChunk, c * Staged<T>::kBlocks, chunk_blocks(c),
                                 acc);
