@@ -119,8 +119,6 @@ __device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {  // 2-byte aligned 
   return static_cast<int>(static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16));
 }
 
-__device__ __forceinline__ int ld_i32(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
-
 // The staged kernels (v3 on): a warp copies its rows in chunks of whole blocks (a multiple of
 // 16 bytes) into shared memory with 16-byte cp.async, the next chunk's copy running while the
 // current one is computed, and the lanes run the block arithmetic (blocks_dot) on the copy.
