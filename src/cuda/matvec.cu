@@ -160,11 +160,11 @@ struct PairAct {
   float da, db;
 };
 
-__device__ __forceinline__ PairAct pair_act(const StagedAct& x, int64_t b0, int nb) {
+__device__ __forceinline__ PairAct pair_act(const StagedAct& x, int b0, int nb) {
   const int lane = threadIdx.x % 32;
   PairAct p{};
   if (2 * lane < nb) {
-    const int64_t ib = b0 + 2 * lane;
+    const int ib = b0 + 2 * lane;
     const bool two = 2 * lane + 1 < nb;  // always, for staged rows (a multiple of 8 blocks); kept exact anyway
     const int4* xp = reinterpret_cast<const int4*>(x.q8 + ib * 32);
     p.q[0] = xp[0];
@@ -239,7 +239,7 @@ struct Q8BlockAct {
   float d;
 };
 
-__device__ __forceinline__ Q8BlockAct q8_block_act(const StagedAct& x, int64_t b0, int nb) {
+__device__ __forceinline__ Q8BlockAct q8_block_act(const StagedAct& x, int b0, int nb) {
   const int lane = threadIdx.x % 32;
   Q8BlockAct a{};
   if (lane < nb) {
@@ -289,7 +289,7 @@ template <>
 struct LaneDot<kQ4_0Pairs> {
   static constexpr bool kOn = true;
   using Act = PairAct;
-  static __device__ __forceinline__ Act act(const StagedAct& x, int64_t b0, int nb) { return pair_act(x, b0, nb); }
+  static __device__ __forceinline__ Act act(const StagedAct& x, int b0, int nb) { return pair_act(x, b0, nb); }
   template <int R>
   static __device__ __forceinline__ void dot(const uint8_t* s, int64_t rs, int nb, const Act& a, float (&acc)[R][1]) {
     pairs_dot<R>(s, rs, nb, a, acc);
@@ -300,7 +300,7 @@ struct LaneDot<kQ8_0> {
   static_assert(Staged<kQ8_0>::kBlocks == 32, "a chunk's blocks are one a lane");
   static constexpr bool kOn = true;
   using Act = Q8BlockAct;
-  static __device__ __forceinline__ Act act(const StagedAct& x, int64_t b0, int nb) { return q8_block_act(x, b0, nb); }
+  static __device__ __forceinline__ Act act(const StagedAct& x, int b0, int nb) { return q8_block_act(x, b0, nb); }
   template <int R>
   static __device__ __forceinline__ void dot(const uint8_t* s, int64_t rs, int nb, const Act& a, float (&acc)[R][1]) {
     q8_blocks_dot<R>(s, rs, nb, a, acc);
@@ -320,7 +320,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
   if constexpr (T == kQ4_0Pairs && NT > 1) {
     blocks_dot<kQ4_0, NT, R>(a, x, s, rs, b0, nb, acc);  // pairs for one token only (registers)
   } else if constexpr (T == kQ4_0Pairs) {
-    pairs_dot<R>(s, rs, nb, pair_act(x, b0, nb), acc);
+    pairs_dot<R>(s, rs, nb, pair_act(x, static_cast<int>(b0), nb), acc);
   } else if constexpr (T == kQ4_0 || T == kQ8_0) {
     // Lanes per weight block: Q4_0 2 (bytes [8k, 8k + 8) of qs: elements 8k.. and 16 + 8k..),
     // Q8_0 4 (elements [8k, 8k + 8)). Activation pieces are 8-byte aligned: one int2 load each.
@@ -641,8 +641,10 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     row0 = (g - (seg > 0 ? sg.g_end[seg - 1] : 0)) * kSRows;
     return seg;
   };
+  // (32-bit: a row's blocks and chunks fit an int.)
+  const int n_blocks32 = static_cast<int>(n_blocks);
   auto chunk_blocks = [&](int64_t c) {
-    return static_cast<int>(min(static_cast<int64_t>(Staged<T>::kBlocks), n_blocks - c * Staged<T>::kBlocks));
+    return min(Staged<T>::kBlocks, n_blocks32 - static_cast<int>(c) * Staged<T>::kBlocks);
   };
   // KS == 1: a warp's items walk the chunks of row pairs wg, wg + n_warps, ...; an Item
   // (chunk c of row pair g: product seg, first row row0) advanced step by step, not derived
@@ -669,6 +671,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     m.p = w + m.row0 * row_bytes;
     m.step = m.row0 + 1 < n_out ? static_cast<uint32_t>(row_bytes) : 0u;
   };
+  // starts: the item's row starts follow it (p at its chunk: the copy adds no chunk offset).
   auto advance = [&](Item& m, bool starts) {
     if (++m.c == n_chunks) {
       m.c = 0;
@@ -677,6 +680,8 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
         m.seg = locate(m.g, m.row0);
         if (starts) row_starts(m);
       }
+    } else if (starts) {
+      m.p += Staged<T>::kChunk;
     }
   };
   Item head{0, wg, 0, 0, nullptr, 0};  // KS == 1: the next item to copy
@@ -695,7 +700,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   auto issue = [&](int64_t it) {
     if (it >= n_items) return;
     int64_t c;
-    const uint8_t* rows[kSRows];
+    const uint8_t* rows[kSRows];  // the chunk's bytes in each row
     if constexpr (KS == 1) {
       c = head.c;
 #pragma unroll
@@ -707,13 +712,12 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
       m.seg = locate(wg, m.row0);
       row_starts(m);
 #pragma unroll
-      for (int r = 0; r < kSRows; ++r) rows[r] = m.p + r * m.step;
+      for (int r = 0; r < kSRows; ++r) rows[r] = m.p + r * m.step + c * Staged<T>::kChunk;
     }
     const int bytes = chunk_blocks(c) * Staged<T>::kBlockBytes;
-    const int64_t off = c * Staged<T>::kBlocks * Staged<T>::kBlockBytes;
 #pragma unroll
     for (int r = 0; r < kSRows; ++r) {
-      const uint8_t* src = rows[r] + off;
+      const uint8_t* src = rows[r];
       // Quantized chunks: a fixed count of predicated copies per lane (a loop to `bytes`
       // compiled to an unrolled loop with remainder branches: with the cursors above, 8B graph
       // Q4_0 -4.6%, Q8_0 -3.3%, Q4_K_M -5.1%). F16/BF16 keep the loop: their two copies a lane
@@ -806,7 +810,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     // graph 2.101-2.105 -> 2.075-2.078 ms (H200, one call, alternating).
     constexpr bool kActFirst = NT == 1 && LaneDot<T>::kOn;
     [[maybe_unused]] typename LaneDot<T>::Act xa;
-    if constexpr (kActFirst) xa = LaneDot<T>::act(x, c * Staged<T>::kBlocks, chunk_blocks(c));
+    if constexpr (kActFirst) xa = LaneDot<T>::act(x, static_cast<int>(c) * Staged<T>::kBlocks, chunk_blocks(c));
     __pipeline_wait_prior(S - 1);        // item it has landed (this lane's copies)
     __syncwarp();                        // ... and every lane's
     if constexpr (kActFirst)
