@@ -230,7 +230,8 @@ __device__ __forceinline__ void pairs_dot(const uint8_t* s, int64_t rs, int nb, 
 // kernel's Q8_0 dot (LaneDot below). Why: four lanes a block with 2-byte loads (the 34-byte
 // blocks are only 2-byte aligned) spent five shared loads per lane, block and row, most in
 // 2-way bank conflicts, and an activation load per lane and pass (4 a chunk); this way nine
-// 4-byte loads per row and 3 activation loads a chunk. An even block starts 4-byte aligned
+// 4-byte loads per row and 3 activation loads a chunk: 8B Q8_0 tg128 graph 3.144-3.146 ->
+// 2.804-2.813 ms (H200, one call, alternating). An even block starts 4-byte aligned
 // (its quants then 2 bytes off: funnel shifts), an odd one 2 bytes past a word (its quants
 // aligned). One integer per block, scaled once (ggml's vec_dot_q8_0_q8_0 order), where the
 // four-lane branch of blocks_dot adds four scaled partials: equal up to f32 rounding.
