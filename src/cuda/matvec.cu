@@ -318,10 +318,11 @@ template <int T, int NT, int R>
 __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, const uint8_t* s, int64_t rs, int64_t b0,
                                            int nb, float (&acc)[R][NT]) {
   const int lane = threadIdx.x % 32;
-  if constexpr (T == kQ4_0Pairs && NT > 1) {
-    blocks_dot<kQ4_0, NT, R>(a, x, s, rs, b0, nb, acc);  // pairs for one token only (registers)
-  } else if constexpr (T == kQ4_0Pairs) {
-    pairs_dot<R>(s, rs, nb, pair_act(x, static_cast<int>(b0), nb), acc);
+  if constexpr (T == kQ4_0Pairs) {
+    // Pairs for one token only (registers); one token takes LaneDot<kQ4_0Pairs> in the stream
+    // kernel, the only kernel of this variant.
+    static_assert(NT > 1, "one-token Q4_0 pairs go through LaneDot");
+    blocks_dot<kQ4_0, NT, R>(a, x, s, rs, b0, nb, acc);
   } else if constexpr (T == kQ4_0 || T == kQ8_0) {
     // Lanes per weight block: Q4_0 2 (bytes [8k, 8k + 8) of qs: elements 8k.. and 16 + 8k..),
     // Q8_0 4 (elements [8k, 8k + 8)). Activation pieces are 8-byte aligned: one int2 load each.
