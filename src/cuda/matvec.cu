@@ -636,12 +636,14 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   const int64_t n_chunks = (n_blocks + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
   // This warp's chunks of a row pair: part, part + KS, ... (KS == 1 spelled apart: the same
   // code as before KS, which ptxas fits in 48 registers without spilling).
-  int64_t n_mine, n_items;
+  // Items and chunks in 32 bits (a warp's items and a row's chunks fit an int): each 64-bit
+  // counter step and compare was two instructions in the item loop (SASS, fourteenth session).
+  const int n_chunks32 = static_cast<int>(n_chunks);
+  int n_items;
   if constexpr (KS == 1) {
-    n_mine = n_chunks;
-    n_items = ((n_groups - 1 - wg) / n_warps + 1) * n_chunks;
+    n_items = static_cast<int>(((n_groups - 1 - wg) / n_warps + 1) * n_chunks);
   } else {
-    n_mine = n_chunks > part ? (n_chunks - 1 - part) / KS + 1 : 0;
+    const int n_mine = n_chunks32 > part ? (n_chunks32 - 1 - part) / KS + 1 : 0;
     n_items = wg < n_groups ? n_mine : 0;  // one row pair per warp group (the launch's grid)
   }
   // Row pair g: its product's index and first row. (Returning a reference to `first` or to
@@ -654,9 +656,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   };
   // (32-bit: a row's blocks and chunks fit an int.)
   const int n_blocks32 = static_cast<int>(n_blocks);
-  auto chunk_blocks = [&](int64_t c) {
-    return min(Staged<T>::kBlocks, n_blocks32 - static_cast<int>(c) * Staged<T>::kBlocks);
-  };
+  auto chunk_blocks = [&](int c) { return min(Staged<T>::kBlocks, n_blocks32 - c * Staged<T>::kBlocks); };
   // KS == 1: a warp's items walk the chunks of row pairs wg, wg + n_warps, ...; an Item
   // (chunk c of row pair g: product seg, first row row0) advanced step by step, not derived
   // from the item index: it / n_chunks and it % n_chunks cost a 64-bit (or, when both fit,
@@ -665,7 +665,8 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   // 2.537 / 2.538 -> 2.499 / 2.501. KS > 1 (one row pair a warp group): chunk part + KS * it,
   // the pair looked up per copy; cursors there cost Q8_0 (held to 40 registers) 3.29 -> 3.43 ms.
   struct Item {
-    int64_t c, g, row0;
+    int c;
+    int64_t g, row0;
     int seg;
     // The copy's first row start, and the step to the second: row_bytes, or 0 for a product's
     // odd last row pair. (Two pointers spilled the Q4_K kernel, 72 registers; this way, graph
@@ -684,7 +685,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   };
   // The item's row starts follow it (p at its chunk: the copy adds no chunk offset).
   auto advance = [&](Item& m) {
-    if (++m.c == n_chunks) {
+    if (++m.c == n_chunks32) {
       m.c = 0;
       m.g += n_warps;
       if (m.g < n_groups) {
@@ -716,16 +717,18 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   // conversion cost an S2R and a shift per copy (SASS). With the row starts kept in the Item
   // (KS == 1), 8B graph (H200, one call, alternating): Q8_0 3.171 / 3.174 -> 3.132 / 3.138 ms,
   // Q4_K_M (8 layers) 0.716 / 0.715 -> 0.705 / 0.705, Q4_0 2.101 / 2.094 -> 2.104 / 2.100.
-  const uint32_t sm_warp = static_cast<uint32_t>(__cvta_generic_to_shared(&sm[warp][0][0][0]));
+  uint32_t sm_warp = static_cast<uint32_t>(__cvta_generic_to_shared(&sm[warp][0][0][0]));
+  // Kept in a register: ptxas rematerialized it (S2R SR_CgaCtaId, LEA, two IMAD) in every copy.
+  asm volatile("" : "+r"(sm_warp));
   // Item it into stage it % S: 16-byte copies, lanes strided (coalesced). A product's odd
   // last row pair copies its last row twice (computed, never stored).
-  auto issue = [&](int64_t it) {
+  auto issue = [&](int it) {
     if (it >= n_items) return;
-    int64_t c;
+    int c;
     const uint8_t* rows[kSRows];  // the chunk's bytes in each row
     if constexpr (KS == 1) {
       c = head.c;
-      ring[S - 2] = {static_cast<int>(head.c), head.seg, static_cast<int>(head.row0)};
+      ring[S - 2] = {head.c, head.seg, static_cast<int>(head.row0)};
 #pragma unroll
       for (int r = 0; r < kSRows; ++r) rows[r] = head.p + r * head.step;
       advance(head);
@@ -840,7 +843,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   // Weights are no kernel's output: their first copies above may overlap the previous kernel
   // (launch_dependent); x, y and the residual are read and written only after this.
   grid_dependency_wait();
-  for (int64_t it = 0; it < n_items; ++it) {
+  for (int it = 0; it < n_items; ++it) {
     [[maybe_unused]] Pend cur;  // KS == 1: item it
     if constexpr (KS == 1) {
       cur = ring[0];
@@ -848,7 +851,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     }
     issue(it + S - 1);
     __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
-    int64_t c;
+    int c;
     if constexpr (KS == 1) c = cur.c;
     else c = part + KS * it;
     // One token (LaneDot): the lane's activation loaded before the wait for the item's weights,
@@ -858,7 +861,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     // graph 2.101-2.105 -> 2.075-2.078 ms (H200, one call, alternating).
     constexpr bool kActFirst = NT == 1 && LaneDot<T>::kOn;
     [[maybe_unused]] typename LaneDot<T>::Act xa;
-    if constexpr (kActFirst) xa = LaneDot<T>::act(x, static_cast<int>(c) * Staged<T>::kBlocks, chunk_blocks(c));
+    if constexpr (kActFirst) xa = LaneDot<T>::act(x, c * Staged<T>::kBlocks, chunk_blocks(c));
     __pipeline_wait_prior(S - 1);        // item it has landed (this lane's copies)
     __syncwarp();                        // ... and every lane's
     if constexpr (kActFirst)
@@ -868,7 +871,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
                                 acc);
     __syncwarp();  // stage it % S is read by all lanes before item it + S overwrites it
     if constexpr (KS == 1) {
-      if (c == n_chunks - 1) {
+      if (c == n_chunks32 - 1) {
         if constexpr (Rope) store_rope(cur.seg, cur.row0, acc);
 #pragma unroll
         for (int r = 0; r < kSRows; ++r) {
