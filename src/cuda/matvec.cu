@@ -717,9 +717,10 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   // conversion cost an S2R and a shift per copy (SASS). With the row starts kept in the Item
   // (KS == 1), 8B graph (H200, one call, alternating): Q8_0 3.171 / 3.174 -> 3.132 / 3.138 ms,
   // Q4_K_M (8 layers) 0.716 / 0.715 -> 0.705 / 0.705, Q4_0 2.101 / 2.094 -> 2.104 / 2.100.
-  uint32_t sm_warp = static_cast<uint32_t>(__cvta_generic_to_shared(&sm[warp][0][0][0]));
-  // Kept in a register: ptxas rematerialized it (S2R SR_CgaCtaId, LEA, two IMAD) in every copy.
-  asm volatile("" : "+r"(sm_warp));
+  // The lane's first 16 bytes in them, kept in a register: ptxas rematerialized the address
+  // (S2R SR_CgaCtaId, LEA, two IMAD) in every copy.
+  uint32_t sm_lane = static_cast<uint32_t>(__cvta_generic_to_shared(&sm[warp][0][0][0])) + 16 * lane;
+  asm volatile("" : "+r"(sm_lane));
   // Item it into stage it % S: 16-byte copies, lanes strided (coalesced). A product's odd
   // last row pair copies its last row twice (computed, never stored).
   auto issue = [&](int it) {
@@ -753,13 +754,18 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
         uint8_t* dst = sm[warp][it % S][r];
         for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
       } else {
-        const uint32_t dst = sm_warp + static_cast<uint32_t>(((it % S) * kSRows + r) * kChunk);
+        // The lane's copies at constant offsets from its first (512 bytes apart), which ptxas
+        // folds into the copy's address: with the offset 16 (lane + 32 k) added per copy, each
+        // cost a 64-bit add (SASS, fourteenth session).
+        const uint32_t dst = sm_lane + static_cast<uint32_t>(((it % S) * kSRows + r) * kChunk);
+        const uint8_t* const src_l = src + 16 * lane;
+        const int lim = bytes - 16 * lane;  // copy k when 512 k < lim
         constexpr int kPerLane = (kChunk / 16 + 31) / 32;
 #pragma unroll
-        for (int k = 0; k < kPerLane; ++k) {
-          const int i = 16 * (lane + 32 * k);
-          if (i < bytes) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + i), "l"(src + i) : "memory");
-        }
+        for (int k = 0; k < kPerLane; ++k)
+          if (512 * k < lim)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 512 * k), "l"(src_l + 512 * k)
+                         : "memory");
       }
     }
   };
