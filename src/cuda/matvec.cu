@@ -162,7 +162,9 @@ struct PairAct {
 
 __device__ __forceinline__ PairAct pair_act(const StagedAct& x, int b0, int nb) {
   const int lane = threadIdx.x % 32;
-  PairAct p{};
+  // Zeros only for lanes without a pair (whose values pairs_dot never reads): zero-initialized
+  // up front, every lane spent 12 CS2R an item on them (SASS, fourteenth session).
+  PairAct p;
   if (2 * lane < nb) {
     const int ib = b0 + 2 * lane;
     const bool two = 2 * lane + 1 < nb;  // always, for staged rows (a multiple of 8 blocks); kept exact anyway
@@ -173,6 +175,8 @@ __device__ __forceinline__ PairAct pair_act(const StagedAct& x, int b0, int nb) 
     p.q[3] = two ? xp[3] : make_int4(0, 0, 0, 0);
     p.da = x.d8[ib];
     p.db = two ? x.d8[ib + 1] : 0.0f;
+  } else {
+    p = PairAct{};
   }
   return p;
 }
@@ -242,12 +246,14 @@ struct Q8BlockAct {
 
 __device__ __forceinline__ Q8BlockAct q8_block_act(const StagedAct& x, int b0, int nb) {
   const int lane = threadIdx.x % 32;
-  Q8BlockAct a{};
+  Q8BlockAct a;  // zeros only for lanes without a block (as pair_act)
   if (lane < nb) {
     const int4* xp = reinterpret_cast<const int4*>(x.q8 + (b0 + lane) * 32);
     a.q[0] = xp[0];
     a.q[1] = xp[1];
     a.d = x.d8[b0 + lane];
+  } else {
+    a = Q8BlockAct{};
   }
   return a;
 }
@@ -581,6 +587,9 @@ struct Segs {
   Args a[kMaxSegs];
   int64_t g_end[kMaxSegs];  // end of each product's row pairs in the launch's index space
   int n;
+  // No product of the launch has a bias, a scale or experts: a row's value is its sum (plus
+  // the residual), stored without reading the product's epilogue Args (the kernel's store).
+  bool plain;
   StreamRope rope;
 };
 
@@ -627,12 +636,14 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   const int64_t n_chunks = (n_blocks + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
   // This warp's chunks of a row pair: part, part + KS, ... (KS == 1 spelled apart: the same
   // code as before KS, which ptxas fits in 48 registers without spilling).
-  int64_t n_mine, n_items;
+  // Items and chunks in 32 bits (a warp's items and a row's chunks fit an int): each 64-bit
+  // counter step and compare was two instructions in the item loop (SASS, fourteenth session).
+  const int n_chunks32 = static_cast<int>(n_chunks);
+  int n_items;
   if constexpr (KS == 1) {
-    n_mine = n_chunks;
-    n_items = ((n_groups - 1 - wg) / n_warps + 1) * n_chunks;
+    n_items = static_cast<int>(((n_groups - 1 - wg) / n_warps + 1) * n_chunks);
   } else {
-    n_mine = n_chunks > part ? (n_chunks - 1 - part) / KS + 1 : 0;
+    const int n_mine = n_chunks32 > part ? (n_chunks32 - 1 - part) / KS + 1 : 0;
     n_items = wg < n_groups ? n_mine : 0;  // one row pair per warp group (the launch's grid)
   }
   // Row pair g: its product's index and first row. (Returning a reference to `first` or to
@@ -645,9 +656,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   };
   // (32-bit: a row's blocks and chunks fit an int.)
   const int n_blocks32 = static_cast<int>(n_blocks);
-  auto chunk_blocks = [&](int64_t c) {
-    return min(Staged<T>::kBlocks, n_blocks32 - static_cast<int>(c) * Staged<T>::kBlocks);
-  };
+  auto chunk_blocks = [&](int c) { return min(Staged<T>::kBlocks, n_blocks32 - c * Staged<T>::kBlocks); };
   // KS == 1: a warp's items walk the chunks of row pairs wg, wg + n_warps, ...; an Item
   // (chunk c of row pair g: product seg, first row row0) advanced step by step, not derived
   // from the item index: it / n_chunks and it % n_chunks cost a 64-bit (or, when both fit,
@@ -656,7 +665,8 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   // 2.537 / 2.538 -> 2.499 / 2.501. KS > 1 (one row pair a warp group): chunk part + KS * it,
   // the pair looked up per copy; cursors there cost Q8_0 (held to 40 registers) 3.29 -> 3.43 ms.
   struct Item {
-    int64_t c, g, row0;
+    int c;
+    int64_t g, row0;
     int seg;
     // The copy's first row start, and the step to the second: row_bytes, or 0 for a product's
     // odd last row pair. (Two pointers spilled the Q4_K kernel, 72 registers; this way, graph
@@ -673,16 +683,16 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     m.p = w + m.row0 * row_bytes;
     m.step = m.row0 + 1 < n_out ? static_cast<uint32_t>(row_bytes) : 0u;
   };
-  // starts: the item's row starts follow it (p at its chunk: the copy adds no chunk offset).
-  auto advance = [&](Item& m, bool starts) {
-    if (++m.c == n_chunks) {
+  // The item's row starts follow it (p at its chunk: the copy adds no chunk offset).
+  auto advance = [&](Item& m) {
+    if (++m.c == n_chunks32) {
       m.c = 0;
       m.g += n_warps;
       if (m.g < n_groups) {
         m.seg = locate(m.g, m.row0);
-        if (starts) row_starts(m);
+        row_starts(m);
       }
-    } else if (starts) {
+    } else {
       m.p += Staged<T>::kChunk;
     }
   };
@@ -691,23 +701,38 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     head.seg = locate(wg, head.row0);
     row_starts(head);
   }
-  Item cur = head;  // KS == 1: the item being computed
+  // KS == 1: the items issued and not yet computed (S - 1), oldest first: the compute side
+  // takes its chunk, product and first row from here where it walked a cursor of its own
+  // (locate again at every row pair: about 28 instructions an item, SASS, fourteenth session).
+  // Shifted by constant indices, so the ring stays in registers.
+  struct Pend {  // 32 bits each (rows of a product and chunks of a row fit an int): registers
+    int c, seg, row0;
+  };
+  Pend ring[S - 1];
+  auto shift = [&] {
+#pragma unroll
+    for (int i = 0; i + 1 < S - 1; ++i) ring[i] = ring[i + 1];
+  };
   // The stages' shared-memory address as cp.async takes it (32 bits): the generic pointer's
   // conversion cost an S2R and a shift per copy (SASS). With the row starts kept in the Item
   // (KS == 1), 8B graph (H200, one call, alternating): Q8_0 3.171 / 3.174 -> 3.132 / 3.138 ms,
   // Q4_K_M (8 layers) 0.716 / 0.715 -> 0.705 / 0.705, Q4_0 2.101 / 2.094 -> 2.104 / 2.100.
-  const uint32_t sm_warp = static_cast<uint32_t>(__cvta_generic_to_shared(&sm[warp][0][0][0]));
+  // The lane's first 16 bytes in them, kept in a register: ptxas rematerialized the address
+  // (S2R SR_CgaCtaId, LEA, two IMAD) in every copy.
+  uint32_t sm_lane = static_cast<uint32_t>(__cvta_generic_to_shared(&sm[warp][0][0][0])) + 16 * lane;
+  asm volatile("" : "+r"(sm_lane));
   // Item it into stage it % S: 16-byte copies, lanes strided (coalesced). A product's odd
   // last row pair copies its last row twice (computed, never stored).
-  auto issue = [&](int64_t it) {
+  auto issue = [&](int it) {
     if (it >= n_items) return;
-    int64_t c;
+    int c;
     const uint8_t* rows[kSRows];  // the chunk's bytes in each row
     if constexpr (KS == 1) {
       c = head.c;
+      ring[S - 2] = {head.c, head.seg, static_cast<int>(head.row0)};
 #pragma unroll
       for (int r = 0; r < kSRows; ++r) rows[r] = head.p + r * head.step;
-      advance(head, true);
+      advance(head);
     } else {
       c = part + KS * it;
       Item m{c, wg, 0, 0, nullptr, 0};
@@ -729,18 +754,40 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
         uint8_t* dst = sm[warp][it % S][r];
         for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
       } else {
-        const uint32_t dst = sm_warp + static_cast<uint32_t>(((it % S) * kSRows + r) * kChunk);
+        // The lane's copies at constant offsets from its first (512 bytes apart), which ptxas
+        // folds into the copy's address: with the offset 16 (lane + 32 k) added per copy, each
+        // cost a 64-bit add (SASS, fourteenth session).
+        const uint32_t dst = sm_lane + static_cast<uint32_t>(((it % S) * kSRows + r) * kChunk);
+        const uint8_t* const src_l = src + 16 * lane;
+        const int lim = bytes - 16 * lane;  // copy k when 512 k < lim
         constexpr int kPerLane = (kChunk / 16 + 31) / 32;
 #pragma unroll
-        for (int k = 0; k < kPerLane; ++k) {
-          const int i = 16 * (lane + 32 * k);
-          if (i < bytes) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + i), "l"(src + i) : "memory");
-        }
+        for (int k = 0; k < kPerLane; ++k)
+          if (512 * k < lim)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 512 * k), "l"(src_l + 512 * k)
+                         : "memory");
       }
     }
   };
   // Output row row0 + r of the pair's product (bounds checked), with the slot's expert applied.
   auto store = [&](int seg, int64_t row0, int r, const float (&v)[NT]) {
+    // One-token KS 1 launches store a row pair every item or two (elsewhere the Args path's
+    // registers cost less than they would here: ptxas put the four-token and KS > 1 kernels
+    // 8-24 registers up with this path, some spilling).
+    if (KS == 1 && NT == 1 && sg.plain) {  // launch-uniform. The same bits as final_value with
+      // scale 1 and no bias: epilogue's v * 1 + 0 is v + 0 (a -0 sum stored as +0).
+      // (Fields by value: a reference to `first` or sg.a would put `first` in local memory.)
+      float* const y = seg == 0 ? first.y : sg.a[seg].y;
+      const float* const res = seg == 0 ? first.residual : sg.a[seg].residual;
+      const int64_t ys = seg == 0 ? first.y_stride : sg.a[seg].y_stride, row = row0 + r;
+      const bool in = row < (seg == 0 ? first.n_out : sg.a[seg].n_out);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float sum = warp_sum(v[t]) + 0.0f;
+        if (lane == 0 && in) y[t * ys + row] = res ? sum + res[t * ys + row] : sum;
+      }
+      return;
+    }
     if (seg == 0) {
       if (row0 + r < first.n_out) store_row<NT>(first, row0 + r, v);
     } else if (row0 + r < sg.a[seg].n_out) {
@@ -795,16 +842,24 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
 #pragma unroll
   for (int st = 0; st < S - 1; ++st) {
+    if constexpr (KS == 1) shift();
     issue(st);
     __pipeline_commit();
   }
   // Weights are no kernel's output: their first copies above may overlap the previous kernel
   // (launch_dependent); x, y and the residual are read and written only after this.
   grid_dependency_wait();
-  for (int64_t it = 0; it < n_items; ++it) {
+  for (int it = 0; it < n_items; ++it) {
+    [[maybe_unused]] Pend cur;  // KS == 1: item it
+    if constexpr (KS == 1) {
+      cur = ring[0];
+      shift();
+    }
     issue(it + S - 1);
     __pipeline_commit();                 // possibly empty: one group per item keeps the count simple
-    const int64_t c = KS == 1 ? cur.c : part + KS * it;
+    int c;
+    if constexpr (KS == 1) c = cur.c;
+    else c = part + KS * it;
     // One token (LaneDot): the lane's activation loaded before the wait for the item's weights,
     // its round trip overlapping theirs. Loaded after, it was the wait that began every item:
     // the kernel with constant activations instead ran the 8B token in 1.88 ms against 2.20
@@ -812,7 +867,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     // graph 2.101-2.105 -> 2.075-2.078 ms (H200, one call, alternating).
     constexpr bool kActFirst = NT == 1 && LaneDot<T>::kOn;
     [[maybe_unused]] typename LaneDot<T>::Act xa;
-    if constexpr (kActFirst) xa = LaneDot<T>::act(x, static_cast<int>(c) * Staged<T>::kBlocks, chunk_blocks(c));
+    if constexpr (kActFirst) xa = LaneDot<T>::act(x, c * Staged<T>::kBlocks, chunk_blocks(c));
     __pipeline_wait_prior(S - 1);        // item it has landed (this lane's copies)
     __syncwarp();                        // ... and every lane's
     if constexpr (kActFirst)
@@ -822,7 +877,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
                                 acc);
     __syncwarp();  // stage it % S is read by all lanes before item it + S overwrites it
     if constexpr (KS == 1) {
-      if (c == n_chunks - 1) {
+      if (c == n_chunks32 - 1) {
         if constexpr (Rope) store_rope(cur.seg, cur.row0, acc);
 #pragma unroll
         for (int r = 0; r < kSRows; ++r) {
@@ -831,7 +886,6 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
           for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
         }
       }
-      advance(cur, false);
     }
   }
   if constexpr (KS > 1) {
@@ -1003,8 +1057,10 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   Segs sg{};
   sg.n = n;
   sg.rope = rope;
+  sg.plain = true;
   int64_t groups = 0;
   for (int i = 0; i < n; ++i) {
+    sg.plain = sg.plain && !ps[i].bias && ps[i].scale == 1.0f && !ps[i].slot_expert;
     sg.a[i] = args_of(ps[i]);
     groups += (ps[i].n_out + kSRows - 1) / kSRows;
     sg.g_end[i] = groups;
