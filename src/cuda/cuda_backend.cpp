@@ -211,6 +211,7 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   // y_e = down_e(hidden), one row per slot (the GLU launched with its activation preparation)
   MatmulParams down = expert_params(d.down_exps, moe_hidden_.f(), S, 1, moe_y_.f(), E);
   down.pre_glu = &g;
+  down.slots_settled = true;  // the routing finished before the gate/up began (MatmulParams)
   launch_matmul(down);
   // the shared expert: down(silu(gate h) * up h) [* sigmoid(gate_inp_shexp h)]
   CombineParams c;
@@ -578,6 +579,7 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
   MatmulParams down = matmul_params(d.ffn_down, hidden_.f(), n_ff, out, E);
   down.residual = residual;
   down.pre_glu = &g;
+  down.slots_settled = true;  // the routing finished before the gate/up began (MatmulParams)
   launch_matmul(down);
 }
 

@@ -245,7 +245,8 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     // Expert products group when they follow the same routing (a MoE layer's gate and up:
     // one launch instead of two, 7 us each for qwen3-30b-a3b decode).
     const auto same_slots = [&](const MatmulParams& q) {
-      return q.slot_expert == p.slot_expert && (!p.slot_expert || (q.n_slots == p.n_slots && q.x_div == p.x_div));
+      return q.slot_expert == p.slot_expert && q.slots_settled == p.slots_settled &&
+             (!p.slot_expert || (q.n_slots == p.n_slots && q.x_div == p.x_div));
     };
     if (streams(p, kind))
       while (run < kMaxSegs && i + run < n && ps[i + run].type == p.type && same_slots(ps[i + run]) &&

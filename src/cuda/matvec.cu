@@ -590,6 +590,7 @@ struct Segs {
   // No product of the launch has a bias, a scale or experts: a row's value is its sum (plus
   // the residual), stored without reading the product's epilogue Args (the kernel's store).
   bool plain;
+  bool slots_settled;  // MatmulParams::slots_settled (the launch's products share one routing)
   StreamRope rope;
 };
 
@@ -616,7 +617,9 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   // products follow one routing: launch_matmuls groups them so); `first` once here, the
   // others where their rows are copied (w + e * expert_bytes) and stored.
   Args first = sg.a[0];
-  if (first.slot_expert) grid_dependency_wait();  // the slots' experts come from the routing kernel
+  // The slots' experts come from the routing kernel: wait for it, unless it finished before
+  // our predecessor began (then the weights' first copies below overlap that predecessor too).
+  if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
   const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
   {
     const int64_t xr = select_slot(first);
@@ -1058,6 +1061,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   sg.n = n;
   sg.rope = rope;
   sg.plain = true;
+  sg.slots_settled = p.slots_settled;
   int64_t groups = 0;
   for (int i = 0; i < n; ++i) {
     sg.plain = sg.plain && !ps[i].bias && ps[i].scale == 1.0f && !ps[i].slot_expert;

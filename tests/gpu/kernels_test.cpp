@@ -852,7 +852,9 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
   const size_t expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
   Dev<uint8_t> dg(random_weights(rng, t, n_in, n_out * n_expert).bytes),
       du(random_weights(rng, t, n_in, n_out * n_expert).bytes);
-  for (const int64_t n_tok : {1, 2, 3}) {
+  for (int c = 0; c < 6; ++c) {
+    const int64_t n_tok = 1 + c / 2;
+    const bool settled = c % 2 == 1;  // MatmulParams::slots_settled: the slots read before the wait
     const int64_t n_slots = n_tok * k;
     const auto x = random_floats(rng, n_tok * n_in);
     std::vector<int32_t> ids(static_cast<size_t>(n_slots));
@@ -868,6 +870,7 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
       p.n_slots = n_slots;
       p.x_div = k;
       p.expert_bytes = expert_bytes;
+      p.slots_settled = settled;
     }
     cuda::launch_matmuls(ps, 2);
     for (int i = 0; i < 2; ++i) {
@@ -879,7 +882,7 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
         q.act_round = dact.p;
         cuda::launch_matmul(q);
         const std::vector<float> row(y.begin() + s * n_out, y.begin() + (s + 1) * n_out);
-        ASSERT_EQ(row, dy1.get()) << "product " << i << " slots " << n_slots << " slot " << s;
+        ASSERT_EQ(row, dy1.get()) << "product " << i << " slots " << n_slots << " slot " << s << " settled " << settled;
       }
     }
   }
