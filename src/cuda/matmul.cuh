@@ -48,9 +48,9 @@ struct MatmulParams {
   // slot_expert was written by a kernel that finished before this launch's predecessor began,
   // so the stream kernel may read it, and copy its experts' first weights, before its
   // dependency wait (pdl.cuh). moe_ffn sets it on the experts' down product only: its
-  // predecessor (the GLU) starts when the gate/up product has finished (products never let
-  // their successor launch early), and that one started when the routing had finished (a
-  // plain launch). Elsewhere the routing may be the predecessor itself: leave it false.
+  // predecessor (the GLU) starts after the gate/up product started, and that one started
+  // after the routing had finished (a plain launch, which never releases its successor
+  // early). Elsewhere the routing may be the predecessor itself: leave it false.
   bool slots_settled = false;
   // cuBLAS path only: handle bound to `stream`, and f16 scratch of scratch_elems elements.
   cublasHandle_t blas = nullptr;
