@@ -106,6 +106,7 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(e.ready);
     cudaEventDestroy(e.landed);
   }
+  if (graph_join_) cudaEventDestroy(graph_join_);
   for (cudaEvent_t e : step_ev_)
     if (e) cudaEventDestroy(e);
   cudaStreamDestroy(copy_stream_);
@@ -386,16 +387,20 @@ void CudaBackend::copy_out(const float* dev, size_t n) {
 // The newest pending layer's rows (all staged rows not yet copied) go back now, and an event
 // marks their landing. Why: a prompt batch's rows are many (8B, 512 tokens: 128 MB), and v1
 // copied and appended them all only after the last layer, the device idle meanwhile.
-void CudaBackend::copy_back_early() {
-  FRINK_ASSERT(!pending_.empty() && staging_used_ > staging_landed_, "no rows to copy back");
-  const size_t n_early = static_cast<size_t>(
-      std::count_if(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; }));
-  if (n_early == copy_events_.size()) {
+void CudaBackend::ensure_copy_events(size_t n) {
+  while (copy_events_.size() < n) {
     CopyEvents e;
     FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e.ready, cudaEventDisableTiming));
     copy_events_.push_back(e);  // pushed before the second create, so the destructor frees both
     FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&copy_events_.back().landed, cudaEventDisableTiming));
   }
+}
+
+void CudaBackend::copy_back_early() {
+  FRINK_ASSERT(!pending_.empty() && staging_used_ > staging_landed_, "no rows to copy back");
+  const size_t n_early = static_cast<size_t>(
+      std::count_if(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; }));
+  ensure_copy_events(n_early + 1);
   const CopyEvents& e = copy_events_[n_early];
   FRINK_CUDA_CHECK(cudaEventRecord(e.ready, stream_));  // the layer's rows are in dstage_
   FRINK_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, e.ready, 0));
@@ -405,6 +410,16 @@ void CudaBackend::copy_back_early() {
   staging_landed_ = staging_used_;
   FRINK_CUDA_CHECK(cudaEventRecord(e.landed, copy_stream_));
   pending_.back().event = static_cast<int>(n_early);
+}
+
+void CudaBackend::copy_back_in_graph(const Pending& pd) {
+  const CopyEvents& e = copy_events_[static_cast<size_t>(pd.event)];
+  const size_t n = static_cast<size_t>(n_tok_ * (pd.cache->k_width() + pd.cache->v_width()));  // k rows, then v
+  FRINK_CUDA_CHECK(cudaEventRecord(e.ready, stream_));  // captured: a fork after the layer's last kernel
+  FRINK_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, e.ready, 0));
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_.f() + pd.k_off, dstage_.f() + pd.k_off, n * sizeof(float),
+                                   cudaMemcpyDeviceToHost, copy_stream_));
+  FRINK_CUDA_CHECK(cudaEventRecordWithFlags(e.landed, copy_stream_, cudaEventRecordExternal));
 }
 
 void CudaBackend::flush() {
@@ -427,8 +442,11 @@ void CudaBackend::flush() {
     for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_.f() + pd.k_off + t * kw, staging_.f() + pd.v_off + t * vw);
   };
   try {
+    // A token step's rows (copy_back_in_graph) land on this thread, layer by layer as the
+    // replay copies them: one waiting thread, as the stream's wait, where the pool's eight
+    // would each spin on an event for the whole step.
     const bool all_early = std::all_of(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; });
-    if (all_early && pending_.size() > 1) {
+    if (all_early && pending_.size() > 1 && n_tok_ > 1) {
       std::vector<std::exception_ptr> errors(pending_.size());
       append_pool_.parallel_for(static_cast<int64_t>(pending_.size()), [&](int64_t b, int64_t e, int) {
         for (int64_t i = b; i < e; ++i) {
@@ -454,6 +472,10 @@ void CudaBackend::flush() {
           flush_synced_ = Clock::now();  // run_token's --verbose times
         }
         land(pd);
+      }
+      if (!synced) {
+        FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        flush_synced_ = Clock::now();  // run_token's --verbose times: its rows landed while it ran
       }
     }
     FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -871,8 +893,14 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
       const LayerRun& r = runs[il];
       if (r.rec)
         enqueue_delta_net(static_cast<int64_t>(il), *r.rec, kOneSegment, nullptr);
-      else
+      else {
         enqueue_layer(static_cast<int64_t>(il), *r.kv, r.pd, max_keys);
+        copy_back_in_graph(r.pd);
+      }
+    }
+    if (std::any_of(runs.begin(), runs.end(), [](const LayerRun& r) { return r.kv != nullptr; })) {
+      FRINK_CUDA_CHECK(cudaEventRecord(graph_join_, copy_stream_));
+      FRINK_CUDA_CHECK(cudaStreamWaitEvent(stream_, graph_join_, 0));
     }
     enqueue_head(0, 1);
     if (pick_k >= 0) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k
@@ -949,10 +977,16 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   partial_.ensure(part * sizeof(float));
   logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
   upload(x);
+  // Each attention layer's rows land by their own event (copy_back_in_graph), in layer order.
+  ensure_copy_events(static_cast<size_t>(
+      std::count_if(runs.begin(), runs.end(), [](const LayerRun& r) { return r.kv != nullptr; })));
+  if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
+  int n_kv = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     LayerRun& r = runs[static_cast<size_t>(il)];
     if (r.kv) {
       r.pd = add_pending(*caches[static_cast<size_t>(il)], *r.kv);
+      r.pd.event = pending_.back().event = n_kv++;
     } else {
       r.rec->running(il);
       pending_rec_.push_back({recurrent, r.rec, il});
@@ -984,6 +1018,7 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
       t_launch = Clock::now();
     }
     FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    staging_landed_ = staging_used_;  // the replay copies every layer's rows back itself
     const Clock::time_point t_launched = Clock::now();
     if (timed) FRINK_CUDA_CHECK(cudaEventRecord(step_ev_[1], stream_));
     // The state after this token, where the state keeps one (every snapshot_interval-th
