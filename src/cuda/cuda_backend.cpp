@@ -601,7 +601,6 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
   MatmulParams down = matmul_params(d.ffn_down, hidden_.f(), n_ff, out, E);
   down.residual = residual;
   down.pre_glu = &g;
-  down.slots_settled = true;  // the routing finished before the gate/up began (MatmulParams)
   launch_matmul(down);
 }
 
@@ -889,6 +888,7 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     static constexpr int64_t kOneSegment[] = {1};  // a decode step: no cut; snapshots go after the replay
+    bool forked = false;  // a layer's rows went to copy_stream_, which must rejoin
     for (size_t il = 0; il < runs.size(); ++il) {
       const LayerRun& r = runs[il];
       if (r.rec)
@@ -896,9 +896,10 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
       else {
         enqueue_layer(static_cast<int64_t>(il), *r.kv, r.pd, max_keys);
         copy_back_in_graph(r.pd);
+        forked = true;
       }
     }
-    if (std::any_of(runs.begin(), runs.end(), [](const LayerRun& r) { return r.kv != nullptr; })) {
+    if (forked) {
       FRINK_CUDA_CHECK(cudaEventRecord(graph_join_, copy_stream_));
       FRINK_CUDA_CHECK(cudaStreamWaitEvent(stream_, graph_join_, 0));
     }
@@ -978,9 +979,6 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
   upload(x);
   // Each attention layer's rows land by their own event (copy_back_in_graph), in layer order.
-  ensure_copy_events(static_cast<size_t>(
-      std::count_if(runs.begin(), runs.end(), [](const LayerRun& r) { return r.kv != nullptr; })));
-  if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
   int n_kv = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     LayerRun& r = runs[static_cast<size_t>(il)];
@@ -992,6 +990,8 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
       pending_rec_.push_back({recurrent, r.rec, il});
     }
   }
+  ensure_copy_events(static_cast<size_t>(n_kv));
+  if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
   try {
     const int pick_k = pick ? pick->top_k : -1;
     FRINK_ASSERT(!pick || (pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
