@@ -53,6 +53,7 @@
 #include "cuda/pick.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
+#include "quant/ggml_type.h"
 
 namespace frink::cuda {
 
@@ -94,6 +95,9 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(copy_stream_);
   for (TokenGraph& g : token_graphs_) cudaGraphExecDestroy(g.exec);
   FRINK_LOG_DEBUG("device: {} token graph capture(s), {} mirror eviction(s)", n_captures_, n_evictions_);
+  if (moe_ptrs_.p)
+    FRINK_LOG_DEBUG("device: prompt batches' expert products {}",
+                    gemm_grouped_calls() ? "as cuBLAS grouped calls" : "one cuBLAS call per expert");
   cudaFree(pos_dev_);
   cudaFreeHost(pos_host_);
   cudaFree(pick_dev_);
@@ -121,16 +125,44 @@ std::string CudaBackend::describe() const {
                      info_.sm_major, info_.sm_minor, w_.bytes() / 1073741824.0, refused, refusal_.size());
 }
 
-MatmulParams CudaBackend::expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div,
-                                        float* y, int64_t y_stride) {
-  DeviceLinear one;  // the stack seen as one expert's matrix; expert mode moves to the others
+// Whether an n_tok batch takes a MoE layer's expert products grouped by expert
+// (moe_grouped_experts) rather than slot by slot: enough rows an expert (moe.cuh), and slots
+// the sort holds. begin_batch sizes the sort's buffers by the same rule.
+static bool takes_grouped_experts(int64_t n_tok, const MoePlan& mp) {
+  const int64_t S = n_tok * mp.n_expert_used;
+  return S >= kMoeGroupMinRows * mp.n_expert && S <= kMoeSortMaxSlots;
+}
+
+// An expert stack seen as its first expert's matrix: expert mode (slots or groups) moves the
+// products to the others.
+static DeviceLinear first_expert(const DeviceExperts& x) {
+  DeviceLinear one;
   one.type = x.type;
   one.w = x.w;
   one.row_bytes = x.row_bytes;
   one.n_in = x.n_in;
   one.n_out = x.n_out;
   one.b = x.b;
-  MatmulParams p = matmul_params(one, in, x.n_in, y, y_stride);
+  return one;
+}
+
+MatmulParams CudaBackend::grouped_params(const DeviceExperts& x, const float* in, int64_t n_rows, float* y,
+                                         int64_t y_stride) {
+  MatmulParams p = matmul_params(first_expert(x), in, x.n_in, y, y_stride);
+  p.n_tok = n_rows;
+  p.n_expert = static_cast<int64_t>(moe_rows_host_.size());
+  p.group_rows = moe_rows_host_.data();
+  p.group_ptrs = static_cast<void**>(moe_ptrs_.p);
+  p.expert_bytes = x.expert_bytes;
+  p.act_round = moe_ract_.f();
+  p.scratch = moe_rscratch_.p;
+  p.scratch_elems = moe_rscratch_elems_;
+  return p;
+}
+
+MatmulParams CudaBackend::expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div,
+                                        float* y, int64_t y_stride) {
+  MatmulParams p = matmul_params(first_expert(x), in, x.n_in, y, y_stride);
   p.n_tok = n_rows;
   p.slot_expert = static_cast<const int32_t*>(moe_ids_.p);
   p.n_slots = n_rows * x_div;
@@ -148,6 +180,11 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
                           const float* residual, const NormParams* pre_norm) {
   const MoePlan& mp = p.moe;
   const int64_t E = m_.hp.n_embd, n = n_tok_, k = mp.n_expert_used, F = mp.n_ff_exp, S = n * k;
+  // Prompt-sized batches: each expert's tokens as one matrix product (grouped_params), where
+  // the experts have no bias or scale (gpt-oss's do: slots, as decode).
+  bool grouped = takes_grouped_experts(n, mp);
+  for (const DeviceExperts* x : {&d.gate_exps, &d.up_exps, &d.gate_up_exps, &d.down_exps})
+    if (*x && (x->b || x->scale || x->expert_bytes != x->row_bytes * static_cast<size_t>(x->n_out))) grouped = false;
   // The experts' gate|up products of h (or one fused gate_up), launched after the routing.
   MatmulParams gu[2];
   const int n_gu = d.gate_up_exps ? 1 : 2;
@@ -162,7 +199,9 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   // are per token, as the slots' s / x_div reads them), into moe_h_q8_: the router's own
   // preparation of h goes to act_. Both of gate and up read blocks: moe_h_q8_ is sized for no
   // other preparation (an up of another type would prepare h there after gate).
-  if (pre_norm) {
+  if (pre_norm && grouped) {
+    launch_norm(*pre_norm);  // the grouped products read h's f32 rows
+  } else if (pre_norm) {
     MatmulParams q8 = gu[0];
     q8.act_round = moe_h_q8_.f();
     q8.pre_norm = pre_norm;
@@ -174,9 +213,11 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
     }
   }
   // logits = self.gate(hidden_states); chosen experts and their weights, on the device
-  {  // f32 at any batch size: top-k must rank the experts as the host does
+  {  // f32 at any batch size: top-k must rank the experts as the host does. An F32 router's
+     // cuBLAS product is f32 throughout (no f16 copies); the matrix-vector kernel took a prompt
+     // 4 tokens a launch: 128 launches, 1.25 ms of a qwen3-30b-a3b layer at pp512 (H200, ncu).
     MatmulParams rp = matmul_params(d.router, h, E, moe_logits_.f(), mp.n_expert);
-    rp.matvec_only = true;
+    rp.matvec_only = d.router.type != static_cast<int>(GgmlType::F32);
     launch_matmul(rp);
   }
   RouteParams r;
@@ -192,28 +233,98 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   r.weight = moe_w_.f();
   r.stream = stream_;
   launch_route(r);
-  // gate, up = gate_e(x), up_e(x) for each chosen expert e   (or one fused gate_up_e(x), split)
-  GluParams g;
-  g.out = moe_hidden_.f();
-  g.n = F;
-  g.n_tok = S;
-  g.oai = mp.swiglu_oai;
-  g.stream = stream_;
-  launch_matmuls(gu, n_gu);  // one preparation of h for gate and up
-  if (d.gate_up_exps) {
-    g.gate = moe_gu_.f();
-    g.up = moe_gu_.f() + F;
-    g.gate_stride = g.up_stride = 2 * F;
+  if (grouped) {
+    moe_grouped_experts(p, d, h);
   } else {
-    g.gate = moe_gu_.f();
-    g.up = moe_gu_.f() + S * F;
-    g.gate_stride = g.up_stride = F;
+    moe_slot_experts(p, d, gu, n_gu);
   }
+  combine_experts(p, d, h, out, residual);
+}
+
+// The experts' GLU over `rows` rows of gate|up outputs in gu (one fused gate_up product:
+// [gate | up] per row; else all gate rows, then all up rows) into out.
+static GluParams expert_glu(const MoePlan& mp, bool fused, float* gu, float* out, int64_t rows, cudaStream_t stream) {
+  const int64_t F = mp.n_ff_exp;
+  GluParams g;
+  g.out = out;
+  g.n = F;
+  g.n_tok = rows;
+  g.oai = mp.swiglu_oai;
+  g.stream = stream;
+  g.gate = gu;
+  g.up = fused ? gu + F : gu + rows * F;
+  g.gate_stride = g.up_stride = fused ? 2 * F : F;
+  return g;
+}
+
+// The chosen experts' products slot by slot (one matrix-vector product per token and expert,
+// reading the routing on the device: decode, and a token graph): y_e = down_e(glu(gate_e h,
+// up_e h)) into moe_y_, slot t * k + j.
+void CudaBackend::moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu) {
+  const MoePlan& mp = p.moe;
+  const int64_t E = m_.hp.n_embd, k = mp.n_expert_used, S = n_tok_ * k;
+  // gate, up = gate_e(x), up_e(x) for each chosen expert e   (or one fused gate_up_e(x), split)
+  launch_matmuls(gu, n_gu);  // one preparation of h for gate and up
+  GluParams g = expert_glu(mp, static_cast<bool>(d.gate_up_exps), moe_gu_.f(), moe_hidden_.f(), S, stream_);
   // y_e = down_e(hidden), one row per slot (the GLU launched with its activation preparation)
   MatmulParams down = expert_params(d.down_exps, moe_hidden_.f(), S, 1, moe_y_.f(), E);
   down.pre_glu = &g;
   down.slots_settled = true;  // the routing finished before the gate/up began (MatmulParams)
   launch_matmul(down);
+}
+
+// The same products, each expert's tokens as one matrix product (a prompt-sized batch): the
+// slots put in expert order, the counts brought to the host (the products' shapes: one wait a
+// MoE layer, so never in a token graph), h's rows copied in that order, gate|up, GLU and down
+// on them, and the outputs back in slot order.
+void CudaBackend::moe_grouped_experts(const LayerPlan& p, const DeviceLayer& d, const float* h) {
+  const MoePlan& mp = p.moe;
+  const int64_t E = m_.hp.n_embd, k = mp.n_expert_used, F = mp.n_ff_exp, S = n_tok_ * k;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  FRINK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+  FRINK_ASSERT(capturing == cudaStreamCaptureStatusNone, "grouped expert products inside a graph capture");
+  SlotSort ss;
+  ss.expert = static_cast<const int32_t*>(moe_ids_.p);
+  ss.n_slots = S;
+  ss.n_expert = mp.n_expert;
+  ss.count = static_cast<int32_t*>(moe_sort_.p);
+  ss.pos = ss.count + mp.n_expert;
+  ss.stream = stream_;
+  launch_sort_slots(ss);
+  moe_rows_host_.resize(static_cast<size_t>(mp.n_expert));
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(moe_rows_host_.data(), ss.count, moe_rows_host_.size() * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream_));
+  FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const int64_t R = S, W = std::max(E, F);
+  const auto fl = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
+  moe_rx_.ensure(fl(R * E));
+  moe_rgu_.ensure(fl(R * 2 * F));
+  moe_rh_.ensure(fl(R * F));
+  moe_ract_.ensure(fl(R * W));
+  moe_rscratch_elems_ = matmul_scratch_elems(W, R);
+  moe_rscratch_.ensure(moe_rscratch_elems_ * 2);
+  launch_slot_rows(moe_rx_.f(), h, E, ss.pos, S, k, true, stream_);
+  MatmulParams gu[2];
+  const int n_gu = d.gate_up_exps ? 1 : 2;
+  if (d.gate_up_exps) {
+    gu[0] = grouped_params(d.gate_up_exps, moe_rx_.f(), R, moe_rgu_.f(), 2 * F);
+  } else {
+    gu[0] = grouped_params(d.gate_exps, moe_rx_.f(), R, moe_rgu_.f(), F);
+    gu[1] = grouped_params(d.up_exps, moe_rx_.f(), R, moe_rgu_.f() + R * F, F);
+  }
+  launch_matmuls(gu, n_gu);  // one preparation of the rows for gate and up
+  GluParams g = expert_glu(mp, static_cast<bool>(d.gate_up_exps), moe_rgu_.f(), moe_rh_.f(), R, stream_);
+  MatmulParams down = grouped_params(d.down_exps, moe_rh_.f(), R, moe_rx_.f(), E);
+  down.pre_glu = &g;
+  launch_matmul(down);
+  launch_slot_rows(moe_y_.f(), moe_rx_.f(), E, ss.pos, S, 1, false, stream_);
+}
+
+// out = sum_j weight_j * y_{e_j} (+ the shared expert) (+ residual), from moe_y_.
+void CudaBackend::combine_experts(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out,
+                                  const float* residual) {
+  const MoePlan& mp = p.moe;
+  const int64_t E = m_.hp.n_embd, n = n_tok_, k = mp.n_expert_used;
   // the shared expert: down(silu(gate h) * up h) [* sigmoid(gate_inp_shexp h)]
   CombineParams c;
   if (mp.n_ff_shexp > 0) {
@@ -273,6 +384,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   const Hparams& hp = m_.hp;
   int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd, part = 0;
   int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: router width, n_tok * k, (n_tok * k) * n_ff_exp
+  bool grouped_experts = false;               // some MoE layer takes moe_grouped_experts
   int64_t gdn_c = 0, gdn_v = 0, gdn_h = 0;    // delta net: conv channels, d_inner, value heads
   for (const LayerPlan& p : hp.layers) {
     if (p.recurrent == RecurrentKind::kGatedDeltaNet) {
@@ -285,6 +397,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
       n_exp = std::max(n_exp, p.moe.n_expert);
       slots = std::max(slots, n_tok * p.moe.n_expert_used);
       slot_ff = std::max(slot_ff, n_tok * p.moe.n_expert_used * p.moe.n_ff_exp);
+      grouped_experts = grouped_experts || takes_grouped_experts(n_tok, p.moe);
       ff = std::max(ff, p.moe.n_ff_shexp);
     }
     q_w = std::max(q_w, p.n_head * p.head_dim_k);
@@ -325,6 +438,10 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     moe_sh_g_.ensure(fl(1));
     // h as Q8_0 or Q8_K blocks for the experts: moe_ffn.
     moe_h_q8_.ensure(matmul_q8_blocks_bytes(hp.n_embd, n_tok));
+    if (grouped_experts) {  // moe_grouped_experts' sort and call pointers; its rows it sizes itself
+      moe_sort_.ensure(static_cast<size_t>(n_exp + slots) * sizeof(int32_t));
+      moe_ptrs_.ensure(static_cast<size_t>(3 * n_exp) * sizeof(void*));
+    }
   }
   if (gdn_c > 0) {
     gdn_qkv_.ensure(fl(gdn_c));

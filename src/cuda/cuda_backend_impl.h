@@ -146,9 +146,15 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // preparation when it can: MatmulParams::pre_norm).
   void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
            const NormParams* pre_norm = nullptr);
+  void moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu);
+  void moe_grouped_experts(const LayerPlan& p, const DeviceLayer& d, const float* h);
+  void combine_experts(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
   void moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
                const NormParams* pre_norm);
   // An expert product: slot s multiplies its routed expert with activation row s / x_div.
+  // MatmulParams of expert stack x for n_rows rows of `in` in expert order (moe_rows_host_[e]
+  // of them for expert e), as moe_grouped_experts takes them.
+  MatmulParams grouped_params(const DeviceExperts& x, const float* in, int64_t n_rows, float* y, int64_t y_stride);
   MatmulParams expert_params(const DeviceExperts& x, const float* in, int64_t n_rows, int64_t x_div, float* y,
                              int64_t y_stride);
   void flush();  // waits, then lands pending K/V rows on the host
@@ -189,6 +195,14 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // h as Q8_0 blocks for Q4_0/Q8_0 experts, Q8_K blocks for Q4_K/Q6_K ones, written with the
   // FFN norm (moe_ffn): its own buffer, as the router's product between them prepares h in act_.
   DevBuf moe_h_q8_;
+  // Prompt-sized batches' grouped expert products (moe_grouped_experts, moe.cuh SlotSort): the
+  // sort ([n_expert] counts, then each slot's row), the grouped calls' pointer arrays, the
+  // counts on the host (the calls' shapes); the rows in expert order: x (then the down
+  // product's y), gate|up, the GLU, and the products' rounded x and f16 scratch.
+  DevBuf moe_sort_, moe_ptrs_;
+  std::vector<int32_t> moe_rows_host_;
+  DevBuf moe_rx_, moe_rgu_, moe_rh_, moe_ract_, moe_rscratch_;
+  size_t moe_rscratch_elems_ = 0;
   // Gated delta net: the q|k|v projection and its conv output, z, the raw beta|alpha, the
   // gates, the delta rule's output.
   DevBuf gdn_qkv_, gdn_conv_, gdn_z_, gdn_ba_, gdn_beta_, gdn_g_, gdn_o_;

@@ -1,6 +1,8 @@
 // Matrix products of prompt-sized batches through cuBLAS (f32 accumulation): F32, F16 and
 // BF16 weights as they are, other types dequantized in row tiles to f16 (see matmul.cuh).
+#include <atomic>
 #include <type_traits>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -60,8 +62,161 @@ __global__ void bias_scale_kernel(Args a, int64_t n_tok) {
   }
 }
 
+// x [n_tok][n_in] in 16 bits (H) at the scratch's start, converted there unless x_ready (the
+// group's previous product left it so).
+template <typename H>
+H* x_16bit(const MatmulParams& p, bool x_ready) {
+  H* xw = static_cast<H*>(p.scratch);
+  if (!x_ready) {
+    to_16bit_kernel<H><<<grid_for(p.n_in * p.n_tok, 256), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok, xw);
+    FRINK_CUDA_CHECK_LAUNCH();
+  }
+  return xw;
+}
+
 void blas_check(cublasStatus_t st, const char* file, int line) {
   if (st != CUBLAS_STATUS_SUCCESS) cuda_failed("cublasGemmEx", cublasGetStatusString(st), file, line);
+}
+
+// Streams (each with its own cuBLAS handle: one handle's workspace must not serve two streams
+// at once) for the per-expert calls below, which are small and latency-bound (qwen3-30b-a3b
+// pp512: ~30 rows an expert, 5-8 us a kernel, H200 ncu): kFanout of them run at once. Made on
+// first use for the current device and kept for the process (destroying them at exit could
+// follow the driver's own teardown).
+constexpr int kFanout = 8;
+struct Fanout {
+  cudaStream_t stream[kFanout];
+  cublasHandle_t blas[kFanout];
+  cudaEvent_t done[kFanout];
+  cudaEvent_t start;
+};
+Fanout& fanout() {
+  static Fanout f = [] {
+    Fanout g;
+    for (int i = 0; i < kFanout; ++i) {
+      FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&g.stream[i], cudaStreamNonBlocking));
+      FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&g.done[i], cudaEventDisableTiming));
+      blas_check(cublasCreate(&g.blas[i]), __FILE__, __LINE__);
+      blas_check(cublasSetStream(g.blas[i], g.stream[i]), __FILE__, __LINE__);
+    }
+    FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&g.start, cudaEventDisableTiming));
+    return g;
+  }();
+  return f;
+}
+
+// C_i = A_i^T B_i for the experts i of one call (m = p.n_out, n = rows[i], k = p.n_in; A_i the
+// expert's rows of lda elements, B_i its x rows of ldb, C_i its y rows), f32
+// out, as one cublasGemmGroupedBatchedEx (a group per expert); its pointer arrays go to dptrs
+// (device, 3 x experts). Where that call is not supported (a cuBLAS before 12.5's grouped
+// calls, a type pair it lacks: cuBLAS 13 on the H200 refuses f16 in, f32 out) each expert is a
+// cublasGemmEx, spread over the fan-out streams: the same products, more launches.
+std::atomic<bool> grouped_calls{true};
+void grouped_gemm(const MatmulParams& p, const std::vector<const void*>& A, const std::vector<const void*>& B,
+                  const std::vector<void*>& C, const std::vector<int>& rows, int lda, int ldb, cudaDataType t,
+                  void** dptrs) {
+  const int n = static_cast<int>(A.size());
+  if (n == 0) return;
+  const float one = 1.0f, zero = 0.0f;
+  if (grouped_calls.load(std::memory_order_relaxed)) {
+    std::vector<const void*> ptrs(A);
+    ptrs.insert(ptrs.end(), B.begin(), B.end());
+    ptrs.insert(ptrs.end(), C.begin(), C.end());
+    // Pageable source: staged before the call returns, and ordered on the stream after the
+    // products that read earlier arrays.
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice, p.stream));
+    const std::vector<cublasOperation_t> ta(n, CUBLAS_OP_T), tb(n, CUBLAS_OP_N);
+    const std::vector<int> m(n, static_cast<int>(p.n_out)), k(n, static_cast<int>(p.n_in)), la(n, lda), lb(n, ldb),
+        lc(n, static_cast<int>(p.y_stride)), size(n, 1);
+    const std::vector<float> alpha(n, 1.0f), beta(n, 0.0f);
+    const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        p.blas, ta.data(), tb.data(), m.data(), rows.data(), k.data(), alpha.data(), dptrs, t, la.data(), dptrs + n, t,
+        lb.data(), beta.data(), reinterpret_cast<void* const*>(dptrs + 2 * n), CUDA_R_32F, lc.data(), n, size.data(),
+        CUBLAS_COMPUTE_32F);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+      blas_check(st, __FILE__, __LINE__);
+      return;
+    }
+    grouped_calls.store(false, std::memory_order_relaxed);
+  }
+  Fanout& f = fanout();
+  const int used = std::min(n, kFanout);
+  FRINK_CUDA_CHECK(cudaEventRecord(f.start, p.stream));
+  for (int j = 0; j < used; ++j) FRINK_CUDA_CHECK(cudaStreamWaitEvent(f.stream[j], f.start));
+  for (int i = 0; i < n; ++i)
+    blas_check(cublasGemmEx(f.blas[i % kFanout], CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n_out), rows[i],
+                            static_cast<int>(p.n_in), &one, A[i], t, lda, B[i], t, ldb, &zero, C[i], CUDA_R_32F,
+                            static_cast<int>(p.y_stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               __FILE__, __LINE__);
+  for (int j = 0; j < used; ++j) {
+    FRINK_CUDA_CHECK(cudaEventRecord(f.done[j], f.stream[j]));
+    FRINK_CUDA_CHECK(cudaStreamWaitEvent(p.stream, f.done[j]));
+  }
+}
+
+// MatmulParams::group_rows: expert e's rows of x times expert e's matrix.
+// F32, F16 and BF16 experts as they are (x as f32, or in their 16-bit format), one call; other
+// types' experts dequantized to f16 in runs of consecutive experts that fit the scratch after
+// x's f16 copy, one call per run.
+template <int T>
+void gemm_grouped(const MatmulParams& p, bool x_ready) {
+  FRINK_CUDA_CHECK(p.group_ptrs && p.n_expert > 0 && !p.bias && p.scale == 1.0f &&
+                           !p.residual && !p.slot_expert && !p.expert_scale &&
+                           p.expert_bytes == p.row_bytes * static_cast<size_t>(p.n_out)
+                       ? cudaSuccess
+                       : cudaErrorInvalidValue);
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  const size_t x_elems = static_cast<size_t>(p.n_in * p.n_tok);
+  constexpr bool plain16 = T == kF16 || T == kBF16;
+  const cudaDataType t = T == kF32 ? CUDA_R_32F : T == kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const size_t esize = T == kF32 ? sizeof(float) : 2;
+  const void* xb = p.x;
+  int ldb = static_cast<int>(p.x_stride);
+  if constexpr (T != kF32) {
+    xb = x_16bit<std::conditional_t<T == kBF16, __nv_bfloat16, __half>>(p, x_ready);
+    ldb = static_cast<int>(p.n_in);
+  }
+  std::vector<const void*> A, B;
+  std::vector<void*> C;
+  std::vector<int> rows;
+  std::vector<int64_t> first(static_cast<size_t>(p.n_expert));  // each expert's first row
+  for (int64_t e = 0, r = 0; e < p.n_expert; r += p.group_rows[e], ++e) first[static_cast<size_t>(e)] = r;
+  const auto add = [&](int64_t e, const void* a) {
+    const int64_t r = first[static_cast<size_t>(e)];
+    rows.push_back(p.group_rows[e]);
+    A.push_back(a);
+    B.push_back(static_cast<const uint8_t*>(xb) + static_cast<size_t>(r * ldb) * esize);
+    C.push_back(p.y + r * p.y_stride);
+  };
+  if constexpr (T == kF32 || plain16) {
+    for (int64_t e = 0; e < p.n_expert; ++e)
+      if (p.group_rows[e] > 0) add(e, w + static_cast<size_t>(e) * p.expert_bytes);
+    grouped_gemm(p, A, B, C, rows, static_cast<int>(p.row_bytes / esize), ldb, t, p.group_ptrs);
+  } else {
+    __half* wh = static_cast<__half*>(p.scratch) + x_elems;
+    const size_t per = static_cast<size_t>(p.n_out * p.n_in);
+    FRINK_CUDA_CHECK(p.scratch_elems >= x_elems + per ? cudaSuccess : cudaErrorInvalidValue);
+    const int64_t run_max = static_cast<int64_t>((p.scratch_elems - x_elems) / per);
+    size_t done = 0;  // experts already called
+    for (int64_t e0 = 0; e0 < p.n_expert;) {
+      while (e0 < p.n_expert && p.group_rows[e0] == 0) ++e0;  // a run starts at an expert with rows
+      if (e0 == p.n_expert) break;
+      int64_t e1 = e0;
+      for (int64_t e = e0; e < std::min(p.n_expert, e0 + run_max); ++e)
+        if (p.group_rows[e] > 0) e1 = e + 1;
+      const int64_t nr = (e1 - e0) * p.n_out, work = kIsPlain<T> ? nr * p.n_in : nr * (p.n_in / 32);
+      dequant_f16_kernel<T><<<grid_for(work, 256), 256, 0, p.stream>>>(w, p.row_bytes, p.n_in, e0 * p.n_out, nr, wh);
+      FRINK_CUDA_CHECK_LAUNCH();
+      for (int64_t e = e0; e < e1; ++e)
+        if (p.group_rows[e] > 0) add(e, wh + static_cast<size_t>(e - e0) * per);
+      const std::vector<const void*> a(A.begin() + done, A.end()), b(B.begin() + done, B.end());
+      const std::vector<void*> c(C.begin() + done, C.end());
+      const std::vector<int> r(rows.begin() + done, rows.end());
+      grouped_gemm(p, a, b, c, r, static_cast<int>(p.n_in), ldb, t, p.group_ptrs + 3 * done);
+      done = A.size();
+      e0 = e1;
+    }
+  }
 }
 
 }  // namespace
@@ -69,6 +224,10 @@ void blas_check(cublasStatus_t st, const char* file, int line) {
 template <int T>
 void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
   FRINK_CUDA_CHECK(p.blas ? cudaSuccess : cudaErrorInvalidValue);
+  if (p.group_rows) {
+    gemm_grouped<T>(p, x_ready);
+    return;
+  }
   const size_t x_elems = static_cast<size_t>(p.n_in * p.n_tok);
   FRINK_CUDA_CHECK(p.scratch_elems > x_elems + static_cast<size_t>(p.n_in) ? cudaSuccess : cudaErrorInvalidValue);
   __half* xh = static_cast<__half*>(p.scratch);
@@ -88,12 +247,7 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
     // (the quantized types' tiles below), and bf16 keeps its exponent range (an f16 copy of
     // a bf16 weight or activation could overflow). x in the weights' format.
     using H = std::conditional_t<T == kF16, __half, __nv_bfloat16>;
-    H* xw = static_cast<H*>(p.scratch);
-    if (!x_ready) {  // else the group's previous product left x in this format at the scratch's start
-      to_16bit_kernel<H><<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in,
-                                                                                            p.n_tok, xw);
-      FRINK_CUDA_CHECK_LAUNCH();
-    }
+    const H* xw = x_16bit<H>(p, x_ready);
     const cudaDataType dt = T == kF16 ? CUDA_R_16F : CUDA_R_16BF;
     blas_check(cublasGemmEx(p.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n_out), static_cast<int>(p.n_tok),
                             static_cast<int>(p.n_in), &one, a.w, dt, static_cast<int>(p.row_bytes / sizeof(H)), xw, dt,
@@ -101,11 +255,7 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                __FILE__, __LINE__);
   } else {
-    if (!x_ready) {  // else the group's previous product left x in f16 at the scratch's start
-      to_16bit_kernel<__half><<<grid_for(static_cast<int64_t>(x_elems), 256), 256, 0, p.stream>>>(p.x, p.x_stride,
-                                                                                                  p.n_in, p.n_tok, xh);
-      FRINK_CUDA_CHECK_LAUNCH();
-    }
+    x_16bit<__half>(p, x_ready);  // xh
     for (int64_t r0 = 0; r0 < p.n_out; r0 += tile_rows) {
       const int64_t nr = std::min(tile_rows, p.n_out - r0);
       const int64_t work = kIsPlain<T> ? nr * p.n_in : nr * (p.n_in / 32);
@@ -132,3 +282,7 @@ FRINK_FOR_EACH_DEVICE_TYPE(FRINK_INST)
 #undef FRINK_INST
 
 }  // namespace frink::cuda::mm
+
+namespace frink::cuda {
+bool gemm_grouped_calls() { return mm::grouped_calls.load(std::memory_order_relaxed); }
+}  // namespace frink::cuda

@@ -15,7 +15,9 @@ namespace {
 
 // The matrix-vector kernels serve decode batches and every expert product (one activation
 // row per slot); other batches go to cuBLAS.
-bool takes_matvec(const MatmulParams& p) { return p.slot_expert || p.matvec_only || p.n_tok <= kMatvecMaxTok; }
+bool takes_matvec(const MatmulParams& p) {
+  return !p.group_rows && (p.slot_expert || p.matvec_only || p.n_tok <= kMatvecMaxTok);
+}
 
 // What x becomes before the kernels read it: the key under which a group of products on one
 // input (launch_matmuls) prepares it once.
@@ -208,7 +210,8 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const MatmulParams& p = ps[i];
     const MatmulParams& p0 = ps[0];
     FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out &&
-                             (!p.residual || (p.n_tok <= kMatvecMaxTok && !p.slot_expert)) &&
+                             (!p.residual || (p.n_tok <= kMatvecMaxTok && !p.slot_expert && !p.group_rows)) &&
+                             (!p.group_rows || (!p.slot_expert && p.n_expert > 0 && p.group_ptrs)) &&
                              (!p.slot_expert || (p.n_slots > 0 && p.x_div >= 1 &&
                                                  p.n_tok == (p.n_slots + p.x_div - 1) / p.x_div)) &&
                              p.x == p0.x && p.x_stride == p0.x_stride && p.n_in == p0.n_in && p.n_tok == p0.n_tok &&

@@ -52,6 +52,16 @@ struct MatmulParams {
   // after the routing had finished (a plain launch, which never releases its successor
   // early). Elsewhere the routing may be the predecessor itself: leave it false.
   bool slots_settled = false;
+  // Expert rows (prompt-sized MoE batches; moe.cuh SlotSort): w is a stack of experts as for
+  // slots, and the n_tok rows of x and y are in expert order, group_rows[e] of them for expert
+  // e (HOST memory, n_expert entries, summing to n_tok). Each expert with rows is one product,
+  // all of them one grouped cuBLAS call (cublasGemmGroupedBatchedEx) where cuBLAS takes the
+  // types, else a call per expert; other types' experts dequantized to f16 in runs that fit
+  // the scratch, a call (or calls) per run. group_ptrs: device room for 3 * n_expert pointers.
+  // Never with bias, scale, residual or slots.
+  const int32_t* group_rows = nullptr;
+  int64_t n_expert = 0;
+  void** group_ptrs = nullptr;
   // cuBLAS path only: handle bound to `stream`, and f16 scratch of scratch_elems elements.
   cublasHandle_t blas = nullptr;
   void* scratch = nullptr;
@@ -130,6 +140,9 @@ bool matmul_supported(int type);
 // are sized to what is left, at least one row per tile).
 size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok);
 void launch_matmul(const MatmulParams& p);
+// Whether group_rows products still take cuBLAS's grouped call (false once cuBLAS answered
+// NOT_SUPPORTED: then one call per expert).
+bool gemm_grouped_calls();
 // Whether product p (as the first of a launch_matmuls group) reads x from act_round as
 // blocks of a dp4a layout: Q8_0 (q8_0_act; Q4_0/Q8_0 weights on the matrix-vector path,
 // n_in % 32 == 0) or Q8_K (q8k_act; Q4_K/Q6_K there, n_in % 256 == 0), act_round set. The

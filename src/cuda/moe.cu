@@ -143,7 +143,74 @@ __global__ void combine_kernel(CombineParams p) {
   }
 }
 
+__global__ void __launch_bounds__(1024) sort_slots_kernel(SlotSort p) {
+  __shared__ int32_t ids[kMoeSortMaxSlots];
+  __shared__ int32_t cursor[kMoeMaxExperts];
+  const int S = static_cast<int>(p.n_slots), E = static_cast<int>(p.n_expert);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cursor[e] = 0;
+  __syncthreads();
+  for (int s = threadIdx.x; s < S; s += blockDim.x) {
+    ids[s] = p.expert[s];
+    atomicAdd(&cursor[ids[s]], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // counts out, cursors to each expert's first row
+    int first = 0;
+    for (int e = 0; e < E; ++e) {
+      const int c = cursor[e];
+      p.count[e] = c;
+      cursor[e] = first;
+      first += c;
+    }
+  }
+  __syncthreads();
+  // Warp 0 walks the slots 32 at a time, in slot order: lanes of one expert take consecutive
+  // rows by lane, their leader advances the expert's cursor (so rows follow slot order).
+  if (threadIdx.x >= 32) return;
+  const unsigned lane = threadIdx.x;
+  for (int s0 = 0; s0 < S; s0 += 32) {
+    const int s = s0 + static_cast<int>(lane);
+    const bool in = s < S;
+    const int e = in ? ids[s] : -1 - static_cast<int>(lane);  // lanes past the end match only themselves
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int leader = __ffs(peers) - 1;
+    int base = in && static_cast<int>(lane) == leader ? cursor[e] : 0;
+    base = __shfl_sync(0xffffffffu, base, leader);
+    if (in) p.pos[s] = base + __popc(peers & ((1u << lane) - 1u));
+    __syncwarp();
+    if (in && static_cast<int>(lane) == leader) cursor[e] = base + __popc(peers);
+    __syncwarp();
+  }
+}
+
+__global__ void slot_rows_kernel(float* dst, const float* src, int64_t width, const int32_t* pos, int64_t n_slots,
+                                 int64_t x_div, bool to_rows) {
+  const int64_t n = n_slots * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t s = i / width, c = i % width, row = pos[s];
+    if (to_rows) dst[row * width + c] = src[(s / x_div) * width + c];
+    else dst[i] = src[row * width + c];
+  }
+}
+
 }  // namespace
+
+void launch_sort_slots(const SlotSort& p) {
+  FRINK_CUDA_CHECK(p.n_slots > 0 && p.n_slots <= kMoeSortMaxSlots && p.n_expert > 0 && p.n_expert <= kMoeMaxExperts
+                       ? cudaSuccess
+                       : cudaErrorInvalidValue);
+  sort_slots_kernel<<<1, 1024, 0, p.stream>>>(p);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_slot_rows(float* dst, const float* src, int64_t width, const int32_t* pos, int64_t n_slots, int64_t x_div,
+                      bool to_rows, cudaStream_t stream) {
+  const int64_t n = n_slots * width;
+  if (n == 0) return;
+  slot_rows_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 16)), 256, 0, stream>>>(
+      dst, src, width, pos, n_slots, x_div, to_rows);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
 
 void launch_route(const RouteParams& p) {
   FRINK_CUDA_CHECK(p.n_expert > 0 && p.n_expert <= kMoeMaxExperts && p.k > 0 && p.k <= kMaxUsed &&
