@@ -278,5 +278,23 @@ TEST(DeviceRefusal, AnySingleForcedLayerMatchesHost) {
   }
 }
 
+// Mixtures of experts whose prompt batches give every expert 16+ rows on average (cuda/moe.cuh
+// kMoeGroupMinRows) run them as one product per expert's rows (sorted by expert on the device,
+// cuBLAS, back to slot order); batches of 5 keep the slot products. Both against the host.
+TEST(DeviceParityMoe, PromptBatchesGroupedByExpertMatchHost) {
+  FRINK_REQUIRE_GPU();
+  const char* rel = "llamacpp/archs/qwen3moe-moe.gguf";
+  FRINK_REQUIRE_GPU_DATA(rel);
+  const auto m = load_model((gpu_testdata() / rel).string());
+  const int n_prompt = 64;
+  for (const LayerPlan& p : m->hp.layers)  // the 512-token batch takes the grouped path
+    if (p.ffn == FfnKind::kMoe) ASSERT_GE(n_prompt * p.moe.n_expert_used, 16 * p.moe.n_expert);
+  const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), n_prompt, 8);
+  for (int64_t nb : {512, 5}) {
+    const ModelRun dev = run_model(*m, opts(DeviceChoice::kCuda, nb), n_prompt, 8);
+    expect_same(dev, host, std::string(rel) + " p64 b" + std::to_string(nb));
+  }
+}
+
 }  // namespace
 }  // namespace frink::test
