@@ -295,26 +295,26 @@ void CudaBackend::moe_grouped_experts(const LayerPlan& p, const DeviceLayer& d, 
   FRINK_CUDA_CHECK(cudaMemcpyAsync(moe_rows_host_.data(), ss.count, moe_rows_host_.size() * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
   FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const int64_t R = S, W = std::max(E, F);
+  const int64_t W = std::max(E, F);
   const auto fl = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
-  moe_rx_.ensure(fl(R * E));
-  moe_rgu_.ensure(fl(R * 2 * F));
-  moe_rh_.ensure(fl(R * F));
-  moe_ract_.ensure(fl(R * W));
-  moe_rscratch_elems_ = matmul_scratch_elems(W, R);
+  moe_rx_.ensure(fl(S * E));
+  moe_rgu_.ensure(fl(S * 2 * F));
+  moe_rh_.ensure(fl(S * F));
+  moe_ract_.ensure(fl(S * W));
+  moe_rscratch_elems_ = matmul_scratch_elems(W, S);
   moe_rscratch_.ensure(moe_rscratch_elems_ * 2);
   launch_slot_rows(moe_rx_.f(), h, E, ss.pos, S, k, true, stream_);
   MatmulParams gu[2];
   const int n_gu = d.gate_up_exps ? 1 : 2;
   if (d.gate_up_exps) {
-    gu[0] = grouped_params(d.gate_up_exps, moe_rx_.f(), R, moe_rgu_.f(), 2 * F);
+    gu[0] = grouped_params(d.gate_up_exps, moe_rx_.f(), S, moe_rgu_.f(), 2 * F);
   } else {
-    gu[0] = grouped_params(d.gate_exps, moe_rx_.f(), R, moe_rgu_.f(), F);
-    gu[1] = grouped_params(d.up_exps, moe_rx_.f(), R, moe_rgu_.f() + R * F, F);
+    gu[0] = grouped_params(d.gate_exps, moe_rx_.f(), S, moe_rgu_.f(), F);
+    gu[1] = grouped_params(d.up_exps, moe_rx_.f(), S, moe_rgu_.f() + S * F, F);
   }
   launch_matmuls(gu, n_gu);  // one preparation of the rows for gate and up
-  GluParams g = expert_glu(mp, static_cast<bool>(d.gate_up_exps), moe_rgu_.f(), moe_rh_.f(), R, stream_);
-  MatmulParams down = grouped_params(d.down_exps, moe_rh_.f(), R, moe_rx_.f(), E);
+  GluParams g = expert_glu(mp, static_cast<bool>(d.gate_up_exps), moe_rgu_.f(), moe_rh_.f(), S, stream_);
+  MatmulParams down = grouped_params(d.down_exps, moe_rh_.f(), S, moe_rx_.f(), E);
   down.pre_glu = &g;
   launch_matmul(down);
   launch_slot_rows(moe_y_.f(), moe_rx_.f(), E, ss.pos, S, 1, false, stream_);

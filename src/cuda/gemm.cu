@@ -74,6 +74,14 @@ H* x_16bit(const MatmulParams& p, bool x_ready) {
   return xw;
 }
 
+// Rows [r0, r0 + n_rows) of W (rows of row_bytes, n_in wide) -> f16 [n_rows][n_in] at out.
+template <int T>
+void dequant_rows(const MatmulParams& p, const uint8_t* w, int64_t r0, int64_t n_rows, __half* out) {
+  const int64_t work = kIsPlain<T> ? n_rows * p.n_in : n_rows * (p.n_in / 32);
+  dequant_f16_kernel<T><<<grid_for(work, 256), 256, 0, p.stream>>>(w, p.row_bytes, p.n_in, r0, n_rows, out);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
 void blas_check(cublasStatus_t st, const char* file, int line) {
   if (st != CUBLAS_STATUS_SUCCESS) cuda_failed("cublasGemmEx", cublasGetStatusString(st), file, line);
 }
@@ -112,16 +120,15 @@ Fanout& fanout() {
 // calls, a type pair it lacks: cuBLAS 13 on the H200 refuses f16 in, f32 out) each expert is a
 // cublasGemmEx, spread over the fan-out streams: the same products, more launches.
 std::atomic<bool> grouped_calls{true};
-void grouped_gemm(const MatmulParams& p, const std::vector<const void*>& A, const std::vector<const void*>& B,
-                  const std::vector<void*>& C, const std::vector<int>& rows, int lda, int ldb, cudaDataType t,
-                  void** dptrs) {
-  const int n = static_cast<int>(A.size());
+// (n experts: A, B, C and rows point at n entries each; CUDA files are C++17, no std::span.)
+void grouped_gemm(const MatmulParams& p, int n, const void* const* A, const void* const* B, void* const* C,
+                  const int* rows, int lda, int ldb, cudaDataType t, void** dptrs) {
   if (n == 0) return;
   const float one = 1.0f, zero = 0.0f;
   if (grouped_calls.load(std::memory_order_relaxed)) {
-    std::vector<const void*> ptrs(A);
-    ptrs.insert(ptrs.end(), B.begin(), B.end());
-    ptrs.insert(ptrs.end(), C.begin(), C.end());
+    std::vector<const void*> ptrs(A, A + n);
+    ptrs.insert(ptrs.end(), B, B + n);
+    ptrs.insert(ptrs.end(), C, C + n);
     // Pageable source: staged before the call returns, and ordered on the stream after the
     // products that read earlier arrays.
     FRINK_CUDA_CHECK(cudaMemcpyAsync(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice, p.stream));
@@ -130,7 +137,7 @@ void grouped_gemm(const MatmulParams& p, const std::vector<const void*>& A, cons
         lc(n, static_cast<int>(p.y_stride)), size(n, 1);
     const std::vector<float> alpha(n, 1.0f), beta(n, 0.0f);
     const cublasStatus_t st = cublasGemmGroupedBatchedEx(
-        p.blas, ta.data(), tb.data(), m.data(), rows.data(), k.data(), alpha.data(), dptrs, t, la.data(), dptrs + n, t,
+        p.blas, ta.data(), tb.data(), m.data(), rows, k.data(), alpha.data(), dptrs, t, la.data(), dptrs + n, t,
         lb.data(), beta.data(), reinterpret_cast<void* const*>(dptrs + 2 * n), CUDA_R_32F, lc.data(), n, size.data(),
         CUBLAS_COMPUTE_32F);
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
@@ -191,7 +198,8 @@ void gemm_grouped(const MatmulParams& p, bool x_ready) {
   if constexpr (T == kF32 || plain16) {
     for (int64_t e = 0; e < p.n_expert; ++e)
       if (p.group_rows[e] > 0) add(e, w + static_cast<size_t>(e) * p.expert_bytes);
-    grouped_gemm(p, A, B, C, rows, static_cast<int>(p.row_bytes / esize), ldb, t, p.group_ptrs);
+    grouped_gemm(p, static_cast<int>(A.size()), A.data(), B.data(), C.data(), rows.data(),
+                 static_cast<int>(p.row_bytes / esize), ldb, t, p.group_ptrs);
   } else {
     __half* wh = static_cast<__half*>(p.scratch) + x_elems;
     const size_t per = static_cast<size_t>(p.n_out * p.n_in);
@@ -204,15 +212,11 @@ void gemm_grouped(const MatmulParams& p, bool x_ready) {
       int64_t e1 = e0;
       for (int64_t e = e0; e < std::min(p.n_expert, e0 + run_max); ++e)
         if (p.group_rows[e] > 0) e1 = e + 1;
-      const int64_t nr = (e1 - e0) * p.n_out, work = kIsPlain<T> ? nr * p.n_in : nr * (p.n_in / 32);
-      dequant_f16_kernel<T><<<grid_for(work, 256), 256, 0, p.stream>>>(w, p.row_bytes, p.n_in, e0 * p.n_out, nr, wh);
-      FRINK_CUDA_CHECK_LAUNCH();
+      dequant_rows<T>(p, w, e0 * p.n_out, (e1 - e0) * p.n_out, wh);
       for (int64_t e = e0; e < e1; ++e)
         if (p.group_rows[e] > 0) add(e, wh + static_cast<size_t>(e - e0) * per);
-      const std::vector<const void*> a(A.begin() + done, A.end()), b(B.begin() + done, B.end());
-      const std::vector<void*> c(C.begin() + done, C.end());
-      const std::vector<int> r(rows.begin() + done, rows.end());
-      grouped_gemm(p, a, b, c, r, static_cast<int>(p.n_in), ldb, t, p.group_ptrs + 3 * done);
+      grouped_gemm(p, static_cast<int>(A.size() - done), A.data() + done, B.data() + done, C.data() + done,
+                   rows.data() + done, static_cast<int>(p.n_in), ldb, t, p.group_ptrs + 3 * done);
       done = A.size();
       e0 = e1;
     }
@@ -258,9 +262,7 @@ void gemm_launch(const MatmulParams& p, const Args& a, bool x_ready) {
     x_16bit<__half>(p, x_ready);  // xh
     for (int64_t r0 = 0; r0 < p.n_out; r0 += tile_rows) {
       const int64_t nr = std::min(tile_rows, p.n_out - r0);
-      const int64_t work = kIsPlain<T> ? nr * p.n_in : nr * (p.n_in / 32);
-      dequant_f16_kernel<T><<<grid_for(work, 256), 256, 0, p.stream>>>(a.w, p.row_bytes, p.n_in, r0, nr, wh);
-      FRINK_CUDA_CHECK_LAUNCH();
+      dequant_rows<T>(p, static_cast<const uint8_t*>(a.w), r0, nr, wh);
       // Column-major view: W rows are columns of a [n_in x nr] matrix; C = W^T X is [nr x n_tok]
       // with leading dimension y_stride, i.e. Y[t][r0 + r].
       blas_check(cublasGemmEx(p.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr), static_cast<int>(p.n_tok),
