@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
+#include "cuda/moe.cuh"
 #include "cuda/norm_row.cuh"
 #include "cuda/glu_value.cuh"
 #include "cuda/pdl.cuh"
@@ -146,11 +147,10 @@ __global__ void __launch_bounds__(256) quantize_q8k_kernel(Src src, int64_t n_in
 // The norm's row (norm_vec_row: thread i holds elements 4 (i + k blockDim) ..) quantized in
 // registers. Q8_0: a 32-block is 8 consecutive threads of one warp; the arithmetic is
 // quantize_q8_kernel's, value for value.
-__global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, int8_t* xq, float* xd) {
-  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+__device__ __forceinline__ void norm_q8_row(const NormParams& p, int8_t* xq, float* xd, int64_t row) {
   float4 o[kNormVecPer];
-  norm_vec_row(p, o, blockIdx.x);
-  const int64_t n4 = p.n / 4, n_blk = p.n / 32, row = blockIdx.x;
+  norm_vec_row(p, o, row);
+  const int64_t n4 = p.n / 4, n_blk = p.n / 32;
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int k = 0; k < kNormVecPer; ++k) {
@@ -172,13 +172,12 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, 
 // source is quantize_q8k_kernel's: the signed value of the first element of largest magnitude
 // (each thread scans its four in order with a strict '>', reductions keep the larger
 // magnitude and on a tie the lower index); sums per 32 over 8 threads.
-__global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p, Q8KAct a) {
-  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+__device__ __forceinline__ void norm_q8k_row(const NormParams& p, const Q8KAct& a, int64_t row) {
   __shared__ float s_amax[32], s_mx[32];
   __shared__ int s_idx[32];
   float4 o[kNormVecPer];
-  norm_vec_row(p, o, blockIdx.x);
-  const int64_t n4 = p.n / 4, row = blockIdx.x;
+  norm_vec_row(p, o, row);
+  const int64_t n4 = p.n / 4;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
   for (int k = 0; k < kNormVecPer; ++k) {
@@ -221,6 +220,54 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p,
     if (lane % 8 == 0) a.sum[row * (p.n / 32) + i / 8] = qs;
     if (threadIdx.x % 64 == 0) a.d[row * (p.n / 256) + i / 64] = q8k_scale(amax, iscale);
   }
+}
+
+__global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, int8_t* xq, float* xd) {
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+  norm_q8_row(p, xq, xd, blockIdx.x);
+}
+
+__global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p, Q8KAct a) {
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+  norm_q8k_row(p, a, blockIdx.x);
+}
+
+// Two jobs in one launch (launch_norm_router): block 0 the producer (Kind 0: the norm alone,
+// 1: with Q8_0 blocks, 2: with Q8_K blocks), blocks 1.. one router row each, which norm x
+// themselves (norm_vec_row without the store: the producer's h, bit for bit) and dot their
+// row with it. The router's weights load before the dependency wait.
+template <int Kind>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    norm_router_kernel(NormParams p, int8_t* xq, float* xd, Q8KAct a, RouterNormParams r) {
+  if (blockIdx.x == 0) {
+    grid_dependency_wait();
+    if constexpr (Kind == 1) {
+      norm_q8_row(p, xq, xd, 0);
+    } else if constexpr (Kind == 2) {
+      norm_q8k_row(p, a, 0);
+    } else {
+      float4 o[kNormVecPer];
+      norm_vec_row(p, o, 0);
+    }
+    return;
+  }
+  const int64_t n4 = p.n / 4;
+  const float4* w = reinterpret_cast<const float4*>(r.w + (blockIdx.x - 1) * p.n);
+  float4 wv[kNormVecPer];
+#pragma unroll
+  for (int k = 0; k < kNormVecPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    wv[k] = i < n4 ? w[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  grid_dependency_wait();
+  float4 o[kNormVecPer];
+  norm_vec_row<false>(p, o, 0);
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormVecPer; ++k) acc += (wv[k].x * o[k].x + wv[k].y * o[k].y) + (wv[k].z * o[k].z + wv[k].w * o[k].w);
+  __shared__ float red[32];
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) r.logits[blockIdx.x - 1] = acc;
 }
 
 }  // namespace
@@ -275,6 +322,19 @@ void launch_glu_q8k(const GluParams& g, const Q8KAct& x) { launch_q8k(GluSource{
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {
   launch_dependent(norm_q8_kernel, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
                    np.stream, np, xq, xd);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_norm_router(const NormParams& np, int kind, const MatmulParams& p, const RouterNormParams& r) {
+  const auto grid = static_cast<unsigned>(r.n_expert + 1);
+  const auto threads = static_cast<unsigned>(norm_vec_threads(np.n));
+  Q8_0Act q{};
+  Q8KAct k{};
+  if (kind == 1) q = q8_0_act(p);
+  if (kind == 2) k = q8k_act(p);
+  if (kind == 1) launch_dependent(norm_router_kernel<1>, grid, threads, 0, np.stream, np, q.q, q.d, k, r);
+  else if (kind == 2) launch_dependent(norm_router_kernel<2>, grid, threads, 0, np.stream, np, q.q, q.d, k, r);
+  else launch_dependent(norm_router_kernel<0>, grid, threads, 0, np.stream, np, q.q, q.d, k, r);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

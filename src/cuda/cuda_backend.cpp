@@ -199,23 +199,35 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   // are per token, as the slots' s / x_div reads them), into moe_h_q8_: the router's own
   // preparation of h goes to act_. Both of gate and up read blocks: moe_h_q8_ is sized for no
   // other preparation (an up of another type would prepare h there after gate).
+  // A decode token's F32 router (no bias) runs in the norm's launch (RouterNormParams), its
+  // blocks norming the residual themselves: the chain wo -> norm -> router -> routing loses a
+  // kernel.
+  RouterNormParams rn;
+  rn.w = static_cast<const float*>(d.router.w);
+  rn.n_embd = E;
+  rn.n_expert = mp.n_expert;
+  rn.logits = moe_logits_.f();
+  const bool router_f32 = d.router.type == static_cast<int>(GgmlType::F32) && !d.router.b && d.router.scale == 1.0f;
+  bool routed = false;  // the router's product ran with the norm
   if (pre_norm && grouped) {
     launch_norm(*pre_norm);  // the grouped products read h's f32 rows
   } else if (pre_norm) {
     MatmulParams q8 = gu[0];
     q8.act_round = moe_h_q8_.f();
     q8.pre_norm = pre_norm;
-    if (!matmul_reads_q8_blocks(q8) || (n_gu == 2 && !matmul_reads_q8_blocks(gu[1]))) {
-      launch_norm(*pre_norm);
-    } else if (launch_matmul_producer(q8)) {  // false: it ran the plain norm (rows it cannot fuse)
+    // Without dp4a blocks for both of gate and up, the producer writes h alone.
+    if (!matmul_reads_q8_blocks(q8) || (n_gu == 2 && !matmul_reads_q8_blocks(gu[1]))) q8.act_round = nullptr;
+    routed = n == 1 && router_f32 && norm_router_ok(q8, rn);
+    if (launch_matmul_producer(q8, routed ? &rn : nullptr)) {  // false: h alone (rows it cannot fuse)
       for (int i = 0; i < n_gu; ++i) gu[i].act_round = moe_h_q8_.f();
       gu[0].x_prepared = true;
     }
   }
   // logits = self.gate(hidden_states); chosen experts and their weights, on the device
-  {  // f32 at any batch size: top-k must rank the experts as the host does. An F32 router's
-     // cuBLAS product is f32 throughout (no f16 copies); the matrix-vector kernel took a prompt
-     // 4 tokens a launch: 128 launches, 1.25 ms of a qwen3-30b-a3b layer at pp512 (H200, ncu).
+  if (!routed) {  // f32 at any batch size: top-k must rank the experts as the host does. An F32
+                  // router's cuBLAS product is f32 throughout (no f16 copies); the matrix-vector
+                  // kernel took a prompt 4 tokens a launch: 128 launches, 1.25 ms of a
+                  // qwen3-30b-a3b layer at pp512 (H200, ncu).
     MatmulParams rp = matmul_params(d.router, h, E, moe_logits_.f(), mp.n_expert);
     rp.matvec_only = d.router.type != static_cast<int>(GgmlType::F32);
     launch_matmul(rp);

@@ -5,7 +5,9 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
+#include "cuda/moe.cuh"
 #include "cuda/norm_row.cuh"
+#include "cuda/occupancy.h"
 
 namespace frink::cuda {
 
@@ -132,8 +134,19 @@ size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok) {
 
 // The producer of x (launch_matmuls: ps[0]'s), fused with x's preparation when p's is a dp4a
 // quantization the fused kernels cover; true when act_round then holds x prepared.
-bool launch_matmul_producer(const MatmulParams& p) {
+// Routers of fewer rows than SMs only: each row's block then has an SM of its own (kFewRows'
+// reason in matvec.cu). qwen3-next's 512 rows (513 blocks of 512 threads, four an SM, each
+// norming x again) lost: 8 layers, Q4_K_M, graph 0.874 / 0.878 -> 0.882 / 0.882 ms (H200).
+bool norm_router_ok(const MatmulParams& p, const RouterNormParams& r) {
+  if (!p.pre_norm || p.pre_glu) return false;
+  const NormParams& np = *p.pre_norm;
+  return !np.layer_norm && !np.b && np.w && np.n_rows == 1 && np.y != np.x && norm_vec_ok(np) && np.n == r.n_embd &&
+         r.w && reinterpret_cast<uintptr_t>(r.w) % 16 == 0 && r.logits && r.n_expert > 0 && r.n_expert < sm_count();
+}
+
+bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* router) {
   FRINK_CUDA_CHECK(p.pre_norm || p.pre_glu ? cudaSuccess : cudaErrorInvalidValue);
+  FRINK_CUDA_CHECK(!router || norm_router_ok(p, *router) ? cudaSuccess : cudaErrorInvalidValue);
   const ActRound kind = act_prep_for(p);  // kActDp4a(K) implies act_round is set (q8_0_act, q8k_act)
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
@@ -142,14 +155,17 @@ bool launch_matmul_producer(const MatmulParams& p) {
                          ? cudaSuccess
                          : cudaErrorInvalidValue);
     if (kind == kActDp4a && norm_vec_ok(np) && np.n % 32 == 0) {
-      launch_norm_q8(np, q8_0_act(p).q, q8_0_act(p).d);
+      if (router) launch_norm_router(np, 1, p, *router);
+      else launch_norm_q8(np, q8_0_act(p).q, q8_0_act(p).d);
       return true;
     }
     if (kind == kActDp4aK && norm_vec_ok(np) && np.n % 256 == 0) {
-      launch_norm_q8k(np, q8k_act(p));
+      if (router) launch_norm_router(np, 2, p, *router);
+      else launch_norm_q8k(np, q8k_act(p));
       return true;
     }
-    launch_norm(np);
+    if (router) launch_norm_router(np, 0, p, *router);
+    else launch_norm(np);
     return false;
   }
   const GluParams& g = *p.pre_glu;

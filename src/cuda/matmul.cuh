@@ -158,7 +158,11 @@ size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok);
 // preparation for p when p's is a dp4a one the fused kernels cover. True when act_round then
 // holds x prepared for p (the products launched later with the producer cleared and
 // x_prepared set, when matmul_reads_q8_blocks(p)); false: only x was written.
-bool launch_matmul_producer(const MatmulParams& p);
+// With `router` (norm_router_ok: a one-row RMS norm): that router's logits of the norm's
+// output too, in the same launch.
+struct RouterNormParams;  // moe.cuh
+bool norm_router_ok(const MatmulParams& p, const RouterNormParams& router);
+bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* router = nullptr);
 // Several products of ONE input (the same x, x_stride, n_in, n_tok, act_round, scratch and
 // stream; q/k/v or gate/up): x is rounded (or quantized, or converted to f16) once for each
 // run of products that need the same form, not once per product.

@@ -46,9 +46,10 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return v;
 }
 
-// Row `row` of p normed by the block (threads = norm_vec_threads), written to p.y and left in
-// o: thread i holds elements [4 (i + k blockDim), + 4) in o[k] (zeros past the row). Every
-// thread of the block must call it (it synchronises the block).
+// Row `row` of p normed by the block (threads = norm_vec_threads), written to p.y (Store) and
+// left in o: thread i holds elements [4 (i + k blockDim), + 4) in o[k] (zeros past the row).
+// Every thread of the block must call it (it synchronises the block).
+template <bool Store = true>
 __device__ __forceinline__ void norm_vec_row(const NormParams& p, float4 (&o)[kNormVecPer], int64_t row) {
   __shared__ float shared[32];
   const int64_t n4 = p.n / 4;
@@ -87,7 +88,7 @@ __device__ __forceinline__ void norm_vec_row(const NormParams& p, float4 (&o)[kN
       const float4 b = reinterpret_cast<const float4*>(p.b)[i];
       o[k].x += b.x, o[k].y += b.y, o[k].z += b.z, o[k].w += b.w;
     }
-    y[i] = o[k];
+    if constexpr (Store) y[i] = o[k];
   }
 }
 

@@ -26,4 +26,17 @@ int64_t resident_blocks(const void* kernel, int threads, size_t smem) {
   return n;
 }
 
+int sm_count() {
+  static std::mutex mu;
+  static std::map<int, int> known;
+  int dev = 0;
+  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(dev); it != known.end()) return it->second;
+  int sms = 0;
+  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  known.emplace(dev, sms);
+  return sms;
+}
+
 }  // namespace frink::cuda

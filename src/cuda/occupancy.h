@@ -1,5 +1,6 @@
 // How many blocks of a kernel the current device holds at once: the one occupancy query the
-// launch rules share (matvec.cu's one-wave grids, attention.cu's decode split tiles).
+// launch rules share (matvec.cu's one-wave grids, attention.cu's decode split tiles), and its
+// SM count.
 #pragma once
 
 #include <cstddef>
@@ -12,5 +13,7 @@ namespace frink::cuda {
 // smem). 0 when none fits, e.g. shared memory above 48 KiB not yet opted in (cudaFuncSetAttribute):
 // a 0 is asked again next time, never remembered.
 int64_t resident_blocks(const void* kernel, int threads, size_t smem);
+// SMs of the current device.
+int sm_count();
 
 }  // namespace frink::cuda

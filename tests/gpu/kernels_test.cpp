@@ -29,6 +29,7 @@
 #include "cuda/pick.cuh"
 #include "cpu/moe.h"
 #include "cuda/norm.cuh"
+#include "cuda/occupancy.h"
 #include "cuda/rope.cuh"
 #include "quant/quant.h"
 #include "quant/random_blocks.h"
@@ -339,6 +340,72 @@ TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
                   " mode " + std::to_string(mode));
         }
   cublasDestroy(blas);
+}
+
+// A decode token's F32 router run in its norm's launch (launch_matmul_producer with a router,
+// MoE decode): h and its Q8_0 / Q8_K blocks the same bits as the producer alone (the router's
+// blocks must not disturb them), and the logits equal the norm followed by the F32 product to
+// float rounding (the same h, another summation order) and the host's in double, so a scale
+// or row offset wrong in both would still fail. Widths 2048 (512 threads), 4096 (1024), 1088
+// (the last threads past the row); routers of 128 and 60 rows.
+TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(47);
+  const int64_t most = std::min<int64_t>(128, cuda::sm_count() - 1);  // fewer rows than SMs
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::BF16})
+    for (int64_t n_in : {2048, 4096, 1088})
+      for (int64_t n_expert : {most, int64_t{60}}) {
+        if (n_in % ggml_type_info(t).block_elems != 0 || (t == GgmlType::Q4_K && n_in % 256 != 0)) continue;
+        const std::string where = std::string(ggml_type_name(t)) + " n_in " + std::to_string(n_in) + " experts " +
+                                  std::to_string(n_expert);
+        auto x = random_floats(rng, n_in, 30.0f);
+        x[static_cast<size_t>(n_in - 1)] = 400.0f;  // the last thread's last element carries most of the sum
+        const auto nw = random_floats(rng, n_in), wr = random_floats(rng, n_in * n_expert);
+        Dev<float> dx(x), dnw(nw), dwr(wr), h1(x.size()), h2(x.size()), act1(x.size()), act2(x.size()),
+            ref(static_cast<size_t>(n_expert)), out(static_cast<size_t>(n_expert));
+        Dev<uint8_t> dwt(random_weights(rng, t, n_in, 64).bytes);
+        cuda::NormParams np1 = norm_params(dx.p, h1.p, n_in, 1, dnw.p, nullptr, false), np2 = np1;
+        np2.y = h2.p;
+        cuda::MatmulParams p1 = mat_params(t, dwt.p, n_in, 64, h1.p, 1, nullptr), p2 = p1;
+        p1.act_round = act1.p;
+        p1.pre_norm = &np1;
+        p2.x = h2.p;
+        p2.act_round = act2.p;
+        p2.pre_norm = &np2;
+        cuda::RouterNormParams r;
+        r.w = dwr.p;
+        r.n_embd = n_in;
+        r.n_expert = n_expert;
+        r.logits = out.p;
+        ASSERT_TRUE(cuda::norm_router_ok(p2, r)) << where;
+        r.n_expert = cuda::sm_count();  // a row's block per SM: more rows keep their own launch
+        EXPECT_FALSE(cuda::norm_router_ok(p2, r)) << where;
+        r.n_expert = n_expert;
+        const bool prepared1 = cuda::launch_matmul_producer(p1), prepared2 = cuda::launch_matmul_producer(p2, &r);
+        EXPECT_EQ(prepared1, prepared2) << where;
+        EXPECT_EQ(prepared1, t != GgmlType::BF16) << where;
+        EXPECT_EQ(h1.get(), h2.get()) << where;
+        if (prepared1) {
+          const size_t bytes = cuda::matmul_q8_blocks_bytes(n_in, 1);
+          std::vector<float> a1 = act1.get(), a2 = act2.get();
+          EXPECT_EQ(std::memcmp(a1.data(), a2.data(), bytes), 0) << where;
+        }
+        cuda::launch_matmul(mat_params(GgmlType::F32, dwr.p, n_in, n_expert, h1.p, 1, ref.p));
+        const auto lr = ref.get(), lo = out.get();
+        EXPECT_LT(nmse(lo.data(), lr.data(), lr.size()), 1e-11) << where;
+        double ss = 0.0;
+        for (float v : x) ss += double{v} * v;
+        const double scale = 1.0 / std::sqrt(ss / static_cast<double>(n_in) + np1.eps);
+        std::vector<float> host(static_cast<size_t>(n_expert));
+        for (int64_t e = 0; e < n_expert; ++e) {
+          double acc = 0.0;
+          for (int64_t i = 0; i < n_in; ++i)
+            acc += double{wr[static_cast<size_t>(e * n_in + i)]} * x[static_cast<size_t>(i)] * scale *
+                   nw[static_cast<size_t>(i)];
+          host[static_cast<size_t>(e)] = static_cast<float>(acc);
+        }
+        EXPECT_LT(nmse(lo.data(), host.data(), host.size()), 1e-10) << where;
+      }
 }
 
 // A gated activation handed to launch_matmuls (MatmulParams::pre_glu) gives the same bits as

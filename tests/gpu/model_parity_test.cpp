@@ -287,8 +287,11 @@ TEST(DeviceParityMoe, PromptBatchesGroupedByExpertMatchHost) {
   FRINK_REQUIRE_GPU_DATA(rel);
   const auto m = load_model((gpu_testdata() / rel).string());
   const int n_prompt = 64;
-  for (const LayerPlan& p : m->hp.layers)  // the 512-token batch takes the grouped path
-    if (p.ffn == FfnKind::kMoe) ASSERT_GE(n_prompt * p.moe.n_expert_used, 16 * p.moe.n_expert);
+  for (const LayerPlan& p : m->hp.layers) {  // the 512-token batch takes the grouped path
+    if (p.ffn == FfnKind::kMoe) {
+      ASSERT_GE(n_prompt * p.moe.n_expert_used, 16 * p.moe.n_expert);
+    }
+  }
   const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), n_prompt, 8);
   for (int64_t nb : {512, 5}) {
     const ModelRun dev = run_model(*m, opts(DeviceChoice::kCuda, nb), n_prompt, 8);
