@@ -148,7 +148,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
            const NormParams* pre_norm = nullptr);
   void moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu);
   void moe_grouped_experts(const LayerPlan& p, const DeviceLayer& d, const float* h);
-  void combine_experts(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual);
+  // h_blocks: the routed experts' first gate/up product when moe_h_q8_ holds h as its dp4a
+  // blocks (the norm's producer wrote them), else null.
+  void combine_experts(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
+                       const MatmulParams* h_blocks);
   void moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
                const NormParams* pre_norm);
   // An expert product: slot s multiplies its routed expert with activation row s / x_div.
