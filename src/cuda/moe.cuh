@@ -33,7 +33,8 @@ void launch_route(const RouteParams& p);
 // norms the residual itself, so the router does not wait on the norm. Measured (H200,
 // qwen3-30b-a3b Q4_0 tg128 graph, one call, alternating): 2.436 / 2.442 / 2.443 -> 2.374 /
 // 2.374 / 2.383 ms. (The norm on a forked branch of the graph beside a router that normed x
-// itself lost: an empty fork and join alone cost 0.15 ms a token, 3 us a layer.)
+// itself lost: an empty fork joined back on the layer's chain alone cost 0.15 ms a token,
+// 3 us a layer.)
 struct RouterNormParams {
   const float* w = nullptr;  // [n_expert][n_embd] F32 router rows, 16-byte aligned, no bias
   int64_t n_embd = 0, n_expert = 0;

@@ -18,10 +18,9 @@ int64_t resident_blocks(const void* kernel, int threads, size_t smem) {
   const auto key = std::make_tuple(dev, kernel, threads, smem);
   const std::lock_guard<std::mutex> lock(mu);
   if (auto it = known.find(key); it != known.end()) return it->second;
-  int sms = 0, per_sm = 0;
-  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int per_sm = 0;
   FRINK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  const int64_t n = int64_t{sms} * per_sm;
+  const int64_t n = int64_t{sm_count()} * per_sm;
   if (n > 0) known.emplace(key, n);
   return n;
 }
