@@ -63,7 +63,7 @@ static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPick
 namespace detail {
 
 CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
-    : m_(m), hooks_(hooks), info_(probe_device()), w_(m) {
+    : m_(m), hooks_(hooks), info_(probe_device()), w_(m, !hooks.separate_shared_expert) {
   for (int64_t il = 0; il <= m.hp.n_layer; ++il) refusal_.push_back(device_refusal(m, il));
   FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
@@ -121,16 +121,28 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::describe() const {
   int refused = 0;
   for (Refusal r : refusal_) refused += r != Refusal::kNone;
-  return fmt::format("{} (sm_{}{}), {:.2f} GiB of weights resident, {} of {} layers+head refused", info_.name,
-                     info_.sm_major, info_.sm_minor, w_.bytes() / 1073741824.0, refused, refusal_.size());
+  std::string s = fmt::format("{} (sm_{}{}), {:.2f} GiB of weights resident, {} of {} layers+head refused", info_.name,
+                              info_.sm_major, info_.sm_minor, w_.bytes() / 1073741824.0, refused, refusal_.size());
+  if (w_.shared_stacked() > 0) s += fmt::format(", shared experts stacked with the routed in {} layers", w_.shared_stacked());
+  return s;
+}
+
+// A MoE layer's slots a token and its stacks' experts: the routed ones, and one more of each
+// where the shared expert is stacked with them (DeviceLayer::shexp_stacked).
+struct MoeStack {
+  int64_t slots, experts;
+};
+static MoeStack moe_stack(const MoePlan& mp, const DeviceLayer& d) {
+  const int64_t s = d.shexp_stacked ? 1 : 0;
+  return {mp.n_expert_used + s, mp.n_expert + s};
 }
 
 // Whether an n_tok batch takes a MoE layer's expert products grouped by expert
 // (moe_grouped_experts) rather than slot by slot: enough rows an expert (moe.cuh), and slots
 // the sort holds. begin_batch sizes the sort's buffers by the same rule.
-static bool takes_grouped_experts(int64_t n_tok, const MoePlan& mp) {
-  const int64_t S = n_tok * mp.n_expert_used;
-  return S >= kMoeGroupMinRows * mp.n_expert && S <= kMoeSortMaxSlots;
+static bool takes_grouped_experts(int64_t n_tok, const MoeStack& st) {
+  const int64_t S = n_tok * st.slots;
+  return S >= kMoeGroupMinRows * st.experts && S <= kMoeSortMaxSlots;
 }
 
 // An expert stack seen as its first expert's matrix: expert mode (slots or groups) moves the
@@ -179,10 +191,11 @@ MatmulParams CudaBackend::expert_params(const DeviceExperts& x, const float* in,
 void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out,
                           const float* residual, const NormParams* pre_norm) {
   const MoePlan& mp = p.moe;
-  const int64_t E = m_.hp.n_embd, n = n_tok_, k = mp.n_expert_used, F = mp.n_ff_exp, S = n * k;
+  const MoeStack st = moe_stack(mp, d);
+  const int64_t E = m_.hp.n_embd, n = n_tok_, k = st.slots, F = mp.n_ff_exp, S = n * k;
   // Prompt-sized batches: each expert's tokens as one matrix product (grouped_params), where
   // the experts have no bias or scale (gpt-oss's do: slots, as decode).
-  bool grouped = takes_grouped_experts(n, mp);
+  bool grouped = takes_grouped_experts(n, st);
   for (const DeviceExperts* x : {&d.gate_exps, &d.up_exps, &d.gate_up_exps, &d.down_exps})
     if (*x && (x->b || x->scale || x->expert_bytes != x->row_bytes * static_cast<size_t>(x->n_out))) grouped = false;
   // The experts' gate|up products of h (or one fused gate_up), launched after the routing.
@@ -205,7 +218,7 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   RouterNormParams rn;
   rn.w = static_cast<const float*>(d.router.w);
   rn.n_embd = E;
-  rn.n_expert = mp.n_expert;
+  rn.n_expert = d.router.n_out;  // a stacked shared expert's gate row included
   rn.logits = moe_logits_.f();
   const bool router_f32 = d.router.type == static_cast<int>(GgmlType::F32) && !d.router.b && d.router.scale == 1.0f;
   bool routed = false;  // the router's product ran with the norm
@@ -228,7 +241,7 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
                   // router's cuBLAS product is f32 throughout (no f16 copies); the matrix-vector
                   // kernel took a prompt 4 tokens a launch: 128 launches, 1.25 ms of a
                   // qwen3-30b-a3b layer at pp512 (H200, ncu).
-    MatmulParams rp = matmul_params(d.router, h, E, moe_logits_.f(), mp.n_expert);
+    MatmulParams rp = matmul_params(d.router, h, E, moe_logits_.f(), d.router.n_out);
     rp.matvec_only = d.router.type != static_cast<int>(GgmlType::F32);
     launch_matmul(rp);
   }
@@ -237,7 +250,8 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   r.sel_bias = d.exp_probs_b;
   r.n_tok = n;
   r.n_expert = mp.n_expert;
-  r.k = k;
+  r.k = mp.n_expert_used;
+  r.shared = !d.shexp_stacked ? 0 : d.router.n_out > mp.n_expert ? 2 : 1;
   r.gating = mp.gating == ExpertGating::kSoftmax ? 0 : mp.gating == ExpertGating::kSigmoid ? 1 : 2;
   r.norm_w = mp.norm_w;
   r.w_scale = mp.w_scale;
@@ -274,7 +288,7 @@ static GluParams expert_glu(const MoePlan& mp, bool fused, float* gu, float* out
 // up_e h)) into moe_y_, slot t * k + j.
 void CudaBackend::moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu) {
   const MoePlan& mp = p.moe;
-  const int64_t E = m_.hp.n_embd, k = mp.n_expert_used, S = n_tok_ * k;
+  const int64_t E = m_.hp.n_embd, S = n_tok_ * moe_stack(mp, d).slots;
   // gate, up = gate_e(x), up_e(x) for each chosen expert e   (or one fused gate_up_e(x), split)
   launch_matmuls(gu, n_gu);  // one preparation of h for gate and up
   GluParams g = expert_glu(mp, static_cast<bool>(d.gate_up_exps), moe_gu_.f(), moe_hidden_.f(), S, stream_);
@@ -291,19 +305,20 @@ void CudaBackend::moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, Mat
 // on them, and the outputs back in slot order.
 void CudaBackend::moe_grouped_experts(const LayerPlan& p, const DeviceLayer& d, const float* h) {
   const MoePlan& mp = p.moe;
-  const int64_t E = m_.hp.n_embd, k = mp.n_expert_used, F = mp.n_ff_exp, S = n_tok_ * k;
+  const MoeStack st = moe_stack(mp, d);
+  const int64_t E = m_.hp.n_embd, k = st.slots, F = mp.n_ff_exp, S = n_tok_ * k;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   FRINK_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
   FRINK_ASSERT(capturing == cudaStreamCaptureStatusNone, "grouped expert products inside a graph capture");
   SlotSort ss;
   ss.expert = static_cast<const int32_t*>(moe_ids_.p);
   ss.n_slots = S;
-  ss.n_expert = mp.n_expert;
+  ss.n_expert = st.experts;
   ss.count = static_cast<int32_t*>(moe_sort_.p);
-  ss.pos = ss.count + mp.n_expert;
+  ss.pos = ss.count + st.experts;
   ss.stream = stream_;
   launch_sort_slots(ss);
-  moe_rows_host_.resize(static_cast<size_t>(mp.n_expert));
+  moe_rows_host_.resize(static_cast<size_t>(st.experts));
   FRINK_CUDA_CHECK(cudaMemcpyAsync(moe_rows_host_.data(), ss.count, moe_rows_host_.size() * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
   FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -336,10 +351,11 @@ void CudaBackend::moe_grouped_experts(const LayerPlan& p, const DeviceLayer& d, 
 void CudaBackend::combine_experts(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out,
                                   const float* residual, const MatmulParams* h_blocks) {
   const MoePlan& mp = p.moe;
-  const int64_t E = m_.hp.n_embd, n = n_tok_, k = mp.n_expert_used;
-  // the shared expert: down(silu(gate h) * up h) [* sigmoid(gate_inp_shexp h)]
+  const int64_t E = m_.hp.n_embd, n = n_tok_, k = moe_stack(mp, d).slots;
+  // the shared expert: down(silu(gate h) * up h) [* sigmoid(gate_inp_shexp h)]; stacked, it
+  // was slot k - 1 of the routed experts' products (its weight the routing's).
   CombineParams c;
-  if (mp.n_ff_shexp > 0) {
+  if (mp.n_ff_shexp > 0 && !d.shexp_stacked) {
     const int64_t Fs = mp.n_ff_shexp;
     MatmulParams gu[2] = {matmul_params(d.gate_shexp, h, E, gate_.f(), Fs), matmul_params(d.up_shexp, h, E, up_.f(), Fs)};
     // Where both read the blocks the routed experts read (Q8_0, or Q8_K for Q4_K and Q6_K
@@ -407,10 +423,11 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   pos0_ = pos0;
   const Hparams& hp = m_.hp;
   int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd, part = 0;
-  int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: router width, n_tok * k, (n_tok * k) * n_ff_exp
+  int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: stack experts (router rows), n_tok * slots, slots * n_ff_exp
   bool grouped_experts = false;               // some MoE layer takes moe_grouped_experts
   int64_t gdn_c = 0, gdn_v = 0, gdn_h = 0;    // delta net: conv channels, d_inner, value heads
-  for (const LayerPlan& p : hp.layers) {
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
     if (p.recurrent == RecurrentKind::kGatedDeltaNet) {
       gdn_c = std::max(gdn_c, p.ssm.conv_channels());
       gdn_v = std::max(gdn_v, p.ssm.d_inner);
@@ -418,10 +435,11 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
       max_in = std::max(max_in, p.ssm.d_inner);  // ssm_out's input
     }
     if (p.ffn == FfnKind::kMoe) {
-      n_exp = std::max(n_exp, p.moe.n_expert);
-      slots = std::max(slots, n_tok * p.moe.n_expert_used);
-      slot_ff = std::max(slot_ff, n_tok * p.moe.n_expert_used * p.moe.n_ff_exp);
-      grouped_experts = grouped_experts || takes_grouped_experts(n_tok, p.moe);
+      const MoeStack st = moe_stack(p.moe, w_.layer(il));
+      n_exp = std::max(n_exp, st.experts);
+      slots = std::max(slots, n_tok * st.slots);
+      slot_ff = std::max(slot_ff, n_tok * st.slots * p.moe.n_ff_exp);
+      grouped_experts = grouped_experts || takes_grouped_experts(n_tok, st);
       ff = std::max(ff, p.moe.n_ff_shexp);
     }
     q_w = std::max(q_w, p.n_head * p.head_dim_k);

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <map>
 #include <vector>
 
@@ -52,6 +54,10 @@ struct DeviceLayer {
   DeviceExperts gate_exps, up_exps, gate_up_exps, down_exps;
   DeviceLinear gate_shexp, up_shexp, down_shexp;
   DeviceLinear gate_inp_shexp;          // the shared expert's gate logit: n_embd -> 1 (f32)
+  // The shared expert stacked as expert n_expert of gate_exps / up_exps / down_exps (its own
+  // linears then null), run as slot k of every token; when gated, its gate logit is the
+  // router's row n_expert (stacks_shared_expert).
+  bool shexp_stacked = false;
   // Gated delta net (plan.recurrent == kGatedDeltaNet); C = conv_channels, model/weights.h
   DeviceLinear ssm_qkv;                 // n_embd -> q | k | v (C)
   DeviceLinear ssm_z;                   // n_embd -> z (d_inner)
@@ -71,7 +77,9 @@ Refusal device_refusal(const Model& m, int64_t il);
 
 class DeviceWeights {
  public:
-  explicit DeviceWeights(const Model& m);  // uploads every non-refused layer and the head
+  // Uploads every non-refused layer and the head; stack_shared: shared experts stacked with
+  // the routed ones where they fit (DeviceLayer::shexp_stacked).
+  explicit DeviceWeights(const Model& m, bool stack_shared = true);
   ~DeviceWeights();
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
@@ -81,6 +89,7 @@ class DeviceWeights {
   DeviceLinear output;
   const float* rope_freqs = nullptr;
   size_t bytes() const { return bytes_; }
+  int64_t shared_stacked() const { return shared_stacked_; }  // layers with shexp_stacked
 
  private:
   const void* upload(const void* host, size_t n_bytes);
@@ -88,12 +97,17 @@ class DeviceWeights {
   const float* upload_values(const std::vector<float>& v);  // computed here, never shared
   DeviceLinear linear(const Linear& l);
   DeviceExperts experts(const Experts& x, int64_t n_expert);
+  // A stack of n_expert + 1 experts: x's, then one of a's rows and b's (or null) (x's type,
+  // x's rows together), its scale a's.
+  DeviceExperts experts_and(const Experts& x, int64_t n_expert, const Linear* a, const Linear* b);
+  const void* upload_joined(std::initializer_list<std::pair<const void*, size_t>> parts);
   DeviceNorm norm(const Norm& n, int64_t len);
 
   std::vector<DeviceLayer> layers_;
   std::vector<void*> allocations_;
   std::map<const void*, const void*> uploaded_;  // host data -> device copy (tied weights once)
   size_t bytes_ = 0;
+  int64_t shared_stacked_ = 0;
 };
 
 }  // namespace frink::cuda

@@ -34,7 +34,7 @@ __global__ void route_kernel(RouteParams p) {
   const int64_t t = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   if (t >= p.n_tok) return;
   const int E = static_cast<int>(p.n_expert);
-  const float* lg = p.logits + t * p.n_expert;
+  const float* lg = p.logits + t * (p.n_expert + (p.shared == 2));
   float prob[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
@@ -117,9 +117,19 @@ __global__ void route_kernel(RouteParams p) {
   }
   if (p.w_scale != 0.0f && p.w_scale != 1.0f)
     for (int j = 0; j < k; ++j) w[j] *= p.w_scale;
+  const int64_t slots = k + (p.shared != 0);
   for (int j = 0; j < k; ++j) {
-    p.expert[t * k + j] = chosen[j];
-    p.weight[t * k + j] = w[j];
+    p.expert[t * slots + j] = chosen[j];
+    p.weight[t * slots + j] = w[j];
+  }
+  if (p.shared) {  // combine_kernel's shared gate, as it computes it
+    float g = 1.0f;
+    if (p.shared == 2) {
+      const float v = lg[E];
+      g = v / (1.0f + expf(-v)) / v;
+    }
+    p.expert[t * slots + k] = E;
+    p.weight[t * slots + k] = g;
   }
 }
 
@@ -145,7 +155,7 @@ __global__ void combine_kernel(CombineParams p) {
 
 __global__ void __launch_bounds__(1024) sort_slots_kernel(SlotSort p) {
   __shared__ int32_t ids[kMoeSortMaxSlots];
-  __shared__ int32_t cursor[kMoeMaxExperts];
+  __shared__ int32_t cursor[kMoeMaxStack];
   const int S = static_cast<int>(p.n_slots), E = static_cast<int>(p.n_expert);
   for (int e = threadIdx.x; e < E; e += blockDim.x) cursor[e] = 0;
   __syncthreads();
@@ -196,7 +206,7 @@ __global__ void slot_rows_kernel(float* dst, const float* src, int64_t width, co
 }  // namespace
 
 void launch_sort_slots(const SlotSort& p) {
-  FRINK_CUDA_CHECK(p.n_slots > 0 && p.n_slots <= kMoeSortMaxSlots && p.n_expert > 0 && p.n_expert <= kMoeMaxExperts
+  FRINK_CUDA_CHECK(p.n_slots > 0 && p.n_slots <= kMoeSortMaxSlots && p.n_expert > 0 && p.n_expert <= kMoeMaxStack
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   sort_slots_kernel<<<1, 1024, 0, p.stream>>>(p);
@@ -213,8 +223,8 @@ void launch_slot_rows(float* dst, const float* src, int64_t width, const int32_t
 }
 
 void launch_route(const RouteParams& p) {
-  FRINK_CUDA_CHECK(p.n_expert > 0 && p.n_expert <= kMoeMaxExperts && p.k > 0 && p.k <= kMaxUsed &&
-                           p.k <= p.n_expert && p.gating >= 0 && p.gating <= 2
+  FRINK_CUDA_CHECK(p.n_expert > 0 && p.n_expert <= kMoeMaxExperts && p.k > 0 && p.k + (p.shared != 0) <= kMaxUsed &&
+                           p.k <= p.n_expert && p.gating >= 0 && p.gating <= 2 && p.shared >= 0 && p.shared <= 2
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   const int64_t threads = p.n_tok * 32;

@@ -12,16 +12,21 @@
 namespace frink::cuda {
 
 inline constexpr int64_t kMoeMaxExperts = 512;  // experts a routing warp holds (16 per lane)
+// A stack's experts at most: the routed ones and a stacked shared expert (RouteParams::shared).
+inline constexpr int64_t kMoeMaxStack = kMoeMaxExperts + 1;
 
 struct RouteParams {
-  const float* logits = nullptr;    // [n_tok][n_expert]: the router's output (its bias included)
+  const float* logits = nullptr;    // [n_tok][n_expert (+ 1: shared == 2)]: the router's output (its bias included)
   const float* sel_bias = nullptr;  // [n_expert] exp_probs_b, or null: ranks, never weighs
   int64_t n_tok = 0, n_expert = 0, k = 0;
   int gating = 0;                   // ExpertGating: 0 softmax, 1 sigmoid, 2 softmax of the k chosen
   bool norm_w = false;              // weights / max(sum, 6.1e-5)
   float w_scale = 1.0f;             // then * w_scale (0 or 1: none)
-  int32_t* expert = nullptr;        // out [n_tok][k]: chosen experts, best first, ties to the lower id
-  float* weight = nullptr;          // out [n_tok][k]
+  // A shared expert stacked as expert n_expert (DeviceLayer::shexp_stacked) takes slot k of
+  // every token: 0 none, 1 weight 1, 2 weight sigmoid(logit n_expert) (the router's extra row).
+  int shared = 0;
+  int32_t* expert = nullptr;        // out [n_tok][k (+ 1: shared)]: chosen experts, best first, ties to the lower id
+  float* weight = nullptr;          // out [n_tok][k (+ 1: shared)]
   cudaStream_t stream = nullptr;
 };
 // One warp per token, the host's route_token step for step (group-limited routing is not
@@ -71,7 +76,7 @@ inline constexpr int64_t kMoeSortMaxSlots = 8192;  // slot ids the sort holds in
 inline constexpr int64_t kMoeGroupMinRows = 16;
 struct SlotSort {
   const int32_t* expert = nullptr;  // [n_slots]: launch_route's output
-  int64_t n_slots = 0, n_expert = 0;
+  int64_t n_slots = 0, n_expert = 0;  // n_expert: the stack's, up to kMoeMaxStack
   int32_t* count = nullptr;         // out [n_expert]: slots per expert
   int32_t* pos = nullptr;           // out [n_slots]: the slot's row in expert order (then slot order)
   cudaStream_t stream = nullptr;

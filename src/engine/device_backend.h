@@ -80,6 +80,7 @@ struct DeviceHooks {
   bool trust_stale_mirror = false;  // SABOTAGE: the KV mirror skips its staleness re-upload
   bool no_token_graph = false;      // decode steps go layer by layer, never run_token
   int64_t mirror_budget_bytes = 0;  // > 0: KV mirrors get this much device memory, not all free
+  bool separate_shared_expert = false;  // shared experts run as their own products, never stacked
 };
 
 // A decode step's next token chosen on the device (run_token), so the logits need not cross to

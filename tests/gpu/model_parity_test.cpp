@@ -30,6 +30,7 @@ struct ModelRun {
   std::vector<int32_t> greedy;
   RefusalCounts refusals;
   int64_t whole_token_steps = 0;
+  std::string device;  // Decoder::device_description
 };
 
 // Prompt of n_prompt ids (a fixed pattern inside the vocabulary), batched prefill in chunks of
@@ -53,6 +54,7 @@ ModelRun run_model(const Model& m, DecoderOptions o, int n_prompt, int n_steps) 
   r.greedy.push_back(next);
   r.refusals = dec.refusals();
   r.whole_token_steps = dec.whole_token_steps();
+  r.device = dec.device_description();
   return r;
 }
 
@@ -114,13 +116,17 @@ INSTANTIATE_TEST_SUITE_P(
 
 class HfParity : public ::testing::TestWithParam<const char*> {};
 
+// A transformers fixture's folder (SafeTensors, committed under tests/fixtures/hf);
+// FRINK_HF_FIXTURES: the folder on a machine where the build's source path does not exist.
+std::filesystem::path hf_fixture(const char* name) {
+  const char* env = std::getenv("FRINK_HF_FIXTURES");
+  return (env ? std::filesystem::path(env) : std::filesystem::path(FRINK_SOURCE_DIR) / "tests" / "fixtures" / "hf") / name;
+}
+
 // The transformers fixtures (SafeTensors folders committed under tests/fixtures/hf).
 TEST_P(HfParity, PrefillAndDecodeMatchHost) {
   FRINK_REQUIRE_GPU();
-  // FRINK_HF_FIXTURES: the folder on a machine where the build's source path does not exist.
-  const char* env = std::getenv("FRINK_HF_FIXTURES");
-  const auto dir = (env ? std::filesystem::path(env) : std::filesystem::path(FRINK_SOURCE_DIR) / "tests" / "fixtures" / "hf") /
-                   GetParam();
+  const auto dir = hf_fixture(GetParam());
   if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " absent";
   std::unique_ptr<Model> m;
   try {
@@ -296,6 +302,48 @@ TEST(DeviceParityMoe, PromptBatchesGroupedByExpertMatchHost) {
   for (int64_t nb : {512, 5}) {
     const ModelRun dev = run_model(*m, opts(DeviceChoice::kCuda, nb), n_prompt, 8);
     expect_same(dev, host, std::string(rel) + " p64 b" + std::to_string(nb));
+  }
+}
+
+// A shared expert stacked with the routed experts at upload (one more expert: slot k of every
+// token, its gate the router's extra row, cuda/device_weights.cpp stacks_shared_expert)
+// computes what its own four launches compute: prompt batches grouped by expert (64 tokens,
+// where the experts have no scales) and slot by slot (batches of 5), then decode steps. A
+// wrong slot, weight, scale or gate row is O(1); the two differ at most by the order of a sum
+// (the gate's product alone or as a router row). llama.cpp's fixtures fuse gate_up and scale
+// their down experts; the transformers one does neither. (Their shared gate and up carry
+// different scales, which one expert's scale cannot hold: the test gives up the gate's, host
+// and device alike, so that the fused stack is exercised too.)
+TEST(DeviceParityMoe, SharedExpertStackedEqualsSeparate) {
+  FRINK_REQUIRE_GPU();
+  std::vector<std::filesystem::path> models;
+  if (const auto hf = hf_fixture("qwen3_next"); std::filesystem::exists(hf / "config.json")) models.push_back(hf);
+  for (const char* rel : {"llamacpp/archs/qwen3next-moe.gguf", "llamacpp/archs/qwen35moe-moe.gguf"})
+    if (!gpu_testdata().empty() && std::filesystem::exists(gpu_testdata() / rel)) models.push_back(gpu_testdata() / rel);
+  if (models.empty()) GTEST_SKIP() << "no fixture with a shared expert present";
+  for (const auto& path : models) {
+    const std::string name = path.filename().string();
+    SCOPED_TRACE(name);
+    const auto m = load_model(path.string());
+    for (LayerWeights& w : m->w.layers) w.ffn_up_shexp.scale = w.ffn_gate_shexp.scale;
+    const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 64, 8);
+    for (int64_t nb : {512, 5}) {
+      DecoderOptions separate = opts(DeviceChoice::kCuda, nb);
+      separate.hooks.separate_shared_expert = true;
+      const ModelRun a = run_model(*m, opts(DeviceChoice::kCuda, nb), 64, 8), b = run_model(*m, separate, 64, 8);
+      EXPECT_NE(a.device.find("shared experts stacked"), std::string::npos) << a.device;
+      EXPECT_EQ(b.device.find("shared experts stacked"), std::string::npos) << b.device;
+      const double e_pre = nmse(a.prefill.data(), b.prefill.data(), b.prefill.size());
+      const double e_dec = nmse(a.decode.data(), b.decode.data(), b.decode.size());
+      std::printf("[gpu] %s b%lld stacked against separate: prefill nmse %.3g (%s)  decode nmse %.3g (%s)\n",
+                  name.c_str(), static_cast<long long>(nb), e_pre, a.prefill == b.prefill ? "same bits" : "differs",
+                  e_dec, a.decode == b.decode ? "same bits" : "differs");
+      EXPECT_LT(e_pre, 1e-10);
+      EXPECT_LT(e_dec, 1e-10);
+      EXPECT_EQ(a.greedy, b.greedy);
+      expect_same(a, host, name + " stacked b" + std::to_string(nb));
+      expect_same(b, host, name + " separate b" + std::to_string(nb));
+    }
   }
 }
 
