@@ -140,6 +140,7 @@ template <int T> struct Staged;
 template <> struct Staged<kQ4_0> : StagedGeom<kQ4_0, 64> {};  // 1152 bytes
 template <> struct Staged<kQ8_0> : StagedGeom<kQ8_0, 32> {};  // 1088 bytes
 template <> struct Staged<kQ4_K> : StagedGeom<kQ4_K, 8> {};   // 1152 bytes
+template <> struct Staged<kQ5_K> : StagedGeom<kQ5_K, 8> {};   // 1408 bytes
 template <> struct Staged<kQ6_K> : StagedGeom<kQ6_K, 8> {};   // 1680 bytes
 template <> struct Staged<kBF16> : StagedGeom<kBF16, 512> {}; // 1024 bytes
 template <> struct Staged<kF16> : StagedGeom<kF16, 512> {};
@@ -380,7 +381,12 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         }
       }
     }
-  } else if constexpr (T == kQ4_K) {
+  } else if constexpr (T == kQ4_K || T == kQ5_K) {
+    // Q5_K: Q4_K's header and nibbles (at 48, after 32 bytes of qh), each element's fifth bit
+    // bit 2 g (low nibbles) or 2 g + 1 (high) of qh[l], l its index in the 32-element group.
+    // Q4_K_M files quantize attn_qkv to Q5_K (qwen3-next's delta-net input: 8192 x 2048), which
+    // took the generic float kernel at 30.8 us a launch (ncu); this way qwen3-next-80b-a3b
+    // Q4_K_M, 4 layers, tg128 graph 0.462 -> 0.391 ms (H200, one call, alternating).
     // 4 lanes per 144-byte super-block; lane g takes qs group g (bytes [16 + 32 g, + 32): the
     // low nibbles are sub-block 2 g, the high ones 2 g + 1) in two 16-byte halves, and the
     // super-block's first 16 bytes (d, dmin, the 12 scale bytes) in one load, the two 6-bit
@@ -389,6 +395,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     // within the warp) for 32 weights; ncu (8B Q4_K_M decode) read the gate/up product at 2.07
     // TB/s against Q4_0's 2.6 for the same bytes, the down at 1.71 against 2.16. This way: 8B Q4_K_M
     // tg128 graph 3.020 / 3.012 -> 2.677 / 2.679 ms (H200, one call, alternating).
+    constexpr int kBytes = BlockGeom<T>::kBytes, kQs = T == kQ5_K ? 48 : 16;
     const int g = lane % 4;
     const int64_t n_sb = a.n_in / 256;
     for (int i = lane / 4; i < nb; i += 8) {
@@ -418,18 +425,26 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const int4 qv = *reinterpret_cast<const int4*>(s + r * rs + i * 144 + 16 + 32 * g + 16 * h);
+          const int4 qv = *reinterpret_cast<const int4*>(s + r * rs + i * kBytes + kQs + 32 * g + 16 * h);
+          int4 lb = make_int4(0, 0, 0, 0), hb = lb;  // Q5_K's fifth bits, as 16 in a byte
+          if constexpr (T == kQ5_K) {
+            const int4 qh = *reinterpret_cast<const int4*>(s + r * rs + i * kBytes + 16 + 16 * h);
+            lb = make_int4(((qh.x >> (2 * g)) & 0x01010101) << 4, ((qh.y >> (2 * g)) & 0x01010101) << 4,
+                           ((qh.z >> (2 * g)) & 0x01010101) << 4, ((qh.w >> (2 * g)) & 0x01010101) << 4);
+            hb = make_int4(((qh.x >> (2 * g + 1)) & 0x01010101) << 4, ((qh.y >> (2 * g + 1)) & 0x01010101) << 4,
+                           ((qh.z >> (2 * g + 1)) & 0x01010101) << 4, ((qh.w >> (2 * g + 1)) & 0x01010101) << 4);
+          }
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             int lo = s_lo[r][t], hi = s_hi[r][t];
-            lo = __dp4a(qv.x & 0x0F0F0F0F, xlo[t].x, lo);
-            hi = __dp4a((qv.x >> 4) & 0x0F0F0F0F, xhi[t].x, hi);
-            lo = __dp4a(qv.y & 0x0F0F0F0F, xlo[t].y, lo);
-            hi = __dp4a((qv.y >> 4) & 0x0F0F0F0F, xhi[t].y, hi);
-            lo = __dp4a(qv.z & 0x0F0F0F0F, xlo[t].z, lo);
-            hi = __dp4a((qv.z >> 4) & 0x0F0F0F0F, xhi[t].z, hi);
-            lo = __dp4a(qv.w & 0x0F0F0F0F, xlo[t].w, lo);
-            hi = __dp4a((qv.w >> 4) & 0x0F0F0F0F, xhi[t].w, hi);
+            lo = __dp4a((qv.x & 0x0F0F0F0F) | lb.x, xlo[t].x, lo);
+            hi = __dp4a(((qv.x >> 4) & 0x0F0F0F0F) | hb.x, xhi[t].x, hi);
+            lo = __dp4a((qv.y & 0x0F0F0F0F) | lb.y, xlo[t].y, lo);
+            hi = __dp4a(((qv.y >> 4) & 0x0F0F0F0F) | hb.y, xhi[t].y, hi);
+            lo = __dp4a((qv.z & 0x0F0F0F0F) | lb.z, xlo[t].z, lo);
+            hi = __dp4a(((qv.z >> 4) & 0x0F0F0F0F) | hb.z, xhi[t].z, hi);
+            lo = __dp4a((qv.w & 0x0F0F0F0F) | lb.w, xlo[t].w, lo);
+            hi = __dp4a(((qv.w >> 4) & 0x0F0F0F0F) | hb.w, xhi[t].w, hi);
             s_lo[r][t] = lo;
             s_hi[r][t] = hi;
           }
@@ -441,7 +456,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         // byte j & 63, min = byte 4 + j & 63; j >= 4: the low (scale) or high (min) nibble of
         // byte 4 + j, over the top two bits of byte j - 4 (scale) or j (min). All eight of each
         // as bytes of two words, then this lane's pair (2 g, 2 g + 1).
-        const uint4 hd = *reinterpret_cast<const uint4*>(s + r * rs + i * 144);
+        const uint4 hd = *reinterpret_cast<const uint4*>(s + r * rs + i * kBytes);
         const uint32_t sc_w = g < 2 ? hd.y & 0x3F3F3F3Fu : (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
         const uint32_t m_w = g < 2 ? hd.z & 0x3F3F3F3Fu : ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
         const int sh = 16 * (g & 1);
@@ -624,7 +639,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   {
     const int64_t xr = select_slot(first);
     if constexpr (Staged<T>::kPlain) x.x += xr * first.x_stride;
-    else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, first.n_in);
+    else if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, first.n_in);
     else {
       x.q8 += xr * first.n_in;
       x.d8 += xr * (first.n_in / 32);
@@ -929,7 +944,7 @@ template <int T, int NT>
 __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, StagedAct x) {
   {
     const int64_t xr = select_slot(a);
-    if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, a.n_in);
+    if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, a.n_in);
     else {
       x.q8 += xr * a.n_in;
       x.d8 += xr * (a.n_in / 32);
@@ -968,7 +983,7 @@ StreamRope stream_rope(const MatmulParams* ps, int n) {
 template <int T>
 StagedAct act_at(StagedAct x, int64_t t0, int64_t n_in) {
   if constexpr (Staged<T>::kPlain) return x;  // f32 rows: follow Args::x (args_at)
-  else if constexpr (T == kQ4_K || T == kQ6_K) x.q8k = x.q8k.at_row(t0, n_in);
+  else if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(t0, n_in);
   else {
     x.q8 += t0 * n_in;
     x.d8 += t0 * (n_in / 32);
@@ -1166,6 +1181,7 @@ FRINK_FOR_EACH_DEVICE_TYPE(FRINK_INST)
 template void matvec_stream_launch<kQ4_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ5_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ6_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kF16>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kBF16>(const MatmulParams*, int, const StagedAct&);

@@ -114,7 +114,7 @@ TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
 
 // act_round for every type: the activation is first rounded to the host's vec_dot_type
 // (Q8_0/Q8_1 blocks, Q8_K, f16, bf16) exactly as the host rounds it (int8 for the dp4a
-// kernels of Q4_0, Q8_0, Q4_K and Q6_K), so the product equals
+// kernels of Q4_0, Q8_0, Q4_K, Q5_K and Q6_K), so the product equals
 // the host's dequantized weights dotted with the host-rounded activation: up to f32
 // summation order on the matrix-vector path (1e-9), plus f16 operands on the cuBLAS path
 // (1e-5). Inputs include an exact half at scale 1 and an all-zero block (Q8_K's d would be
@@ -178,7 +178,8 @@ TEST(CudaKernels, ResidualInTheEpilogueEqualsAnAdd) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(37);
   const int64_t n_in = 512, n_out = 48;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_1, GgmlType::F16}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q5_1,
+                     GgmlType::F16}) {
     for (int64_t n_tok : {1, 5}) {
       const RandomWeights w = random_weights(rng, t, n_in, n_out);
       const auto x = random_floats(rng, n_in * n_tok), r = random_floats(rng, n_out * n_tok);
@@ -968,7 +969,7 @@ TEST(CudaKernels, SplitRowsMatchWholeRows) {
   // have 7, which at KS = 2 take the three-stage kernel.
   const std::vector<std::pair<GgmlType, int64_t>> cases = {
       {GgmlType::Q4_0, 7168}, {GgmlType::Q4_0, 2304}, {GgmlType::Q4_0, 14336}, {GgmlType::Q8_0, 7168},
-      {GgmlType::Q4_K, 7168}, {GgmlType::Q4_K, 14336},
+      {GgmlType::Q4_K, 7168}, {GgmlType::Q4_K, 14336}, {GgmlType::Q5_K, 7168},
       {GgmlType::Q6_K, 6144}, {GgmlType::BF16, 7168}, {GgmlType::F16, 7168}};
   for (const auto& [t, n_in] : cases) {
     for (int64_t n_tok : {1, 4, 6}) {
@@ -1102,8 +1103,8 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
   const int64_t n_expert = 5, n_in = 512, n_tok = 3, k = 2, n_slots = n_tok * k;
   const std::vector<int32_t> ids = {4, 0, 2, 4, 1, 3};
   Dev<int32_t> dids(ids);
-  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16};
-  for (int c = 0; c < 3 * 5; ++c) {
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::BF16};
+  for (int c = 0; c < 3 * 6; ++c) {
     // Rows split over 1, 2 and 4 warps too (ksplit): the second product's slot store after the split.
     const GgmlType t = types[c / 3];
     const int ks = 1 << (c % 3);
