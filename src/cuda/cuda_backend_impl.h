@@ -122,8 +122,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   void enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends, RecurrentState* snap);
   // x = x + proj(branch) (+ sandwich norm), x = x + ffn(ffn_norm(x)): the tail of a layer.
   // branch_q8: act_ already holds branch as proj reads it (Q8_0 blocks: MatmulParams::x_prepared).
+  // branch_glu: branch is this GLU's output, computed in proj's launch (MatmulParams::pre_glu).
   void enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj, const float* branch,
-                            int64_t branch_w, bool branch_q8 = false);
+                            int64_t branch_w, bool branch_q8 = false, const GluParams* branch_glu = nullptr);
   // The sequence's recurrent mirror (made on first use; the state is linked to this backend).
   RecurrentMirror& ready_recurrent(RecurrentState& s);
   void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos);
