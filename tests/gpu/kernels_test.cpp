@@ -860,6 +860,37 @@ TEST(CudaKernels, RoutingMatchesHost) {
     EXPECT_EQ(de.get(), ref_e) << "n_expert " << c.n_expert;
     const auto w = dw.get();
     EXPECT_LT(nmse(w.data(), ref_w.data(), ref_w.size()), 1e-12) << "n_expert " << c.n_expert;
+    // A stacked shared expert (RouteParams::shared): the router's rows gain the shared gate's
+    // logit as column n_expert; slots k + 1 a token, the first k as above, slot k expert
+    // n_expert weighted sigmoid(gate) (shared 2) or 1 (shared 1).
+    const int64_t ks = c.k + 1;
+    const auto gate = random_floats(rng, n_tok, 3.0f);
+    std::vector<float> wide;
+    for (int64_t t = 0; t < n_tok; ++t) {
+      wide.insert(wide.end(), logits.begin() + t * c.n_expert, logits.begin() + (t + 1) * c.n_expert);
+      wide.push_back(gate[static_cast<size_t>(t)]);
+    }
+    for (int shared : {1, 2}) {
+      Dev<float> dwide(shared == 2 ? wide : logits), dws(static_cast<size_t>(n_tok * ks));
+      Dev<int32_t> des(std::vector<int32_t>(static_cast<size_t>(n_tok * ks), -1));
+      cuda::RouteParams q = p;
+      q.logits = dwide.p;
+      q.shared = shared;
+      q.expert = des.p;
+      q.weight = dws.p;
+      cuda::launch_route(q);
+      const auto e2 = des.get();
+      const auto w2 = dws.get();
+      for (int64_t t = 0; t < n_tok; ++t) {
+        for (int64_t j = 0; j < c.k; ++j) {
+          EXPECT_EQ(e2[static_cast<size_t>(t * ks + j)], ref_e[static_cast<size_t>(t * c.k + j)]) << "shared " << shared;
+          EXPECT_NEAR(w2[static_cast<size_t>(t * ks + j)], ref_w[static_cast<size_t>(t * c.k + j)], 1e-6f);
+        }
+        const float v = gate[static_cast<size_t>(t)];
+        EXPECT_EQ(e2[static_cast<size_t>(t * ks + c.k)], c.n_expert) << "shared " << shared;
+        EXPECT_NEAR(w2[static_cast<size_t>(t * ks + c.k)], shared == 2 ? 1.0f / (1.0f + std::exp(-v)) : 1.0f, 1e-6f);
+      }
+    }
   }
 }
 
