@@ -34,7 +34,7 @@ struct DeviceExperts {
   size_t row_bytes = 0, expert_bytes = 0;
   int64_t n_in = 0, n_out = 0;    // per expert
   const float* b = nullptr;       // [n_expert][n_out] or null
-  const float* scale = nullptr;   // [n_expert] or null
+  const float* scale = nullptr;   // [n_expert] (+ 1 with a stacked shared expert) or null
   explicit operator bool() const { return w != nullptr; }
 };
 
@@ -97,8 +97,8 @@ class DeviceWeights {
   const float* upload_values(const std::vector<float>& v);  // computed here, never shared
   DeviceLinear linear(const Linear& l);
   DeviceExperts experts(const Experts& x, int64_t n_expert);
-  // A stack of n_expert + 1 experts: x's, then one of a's rows and b's (or null) (x's type,
-  // x's rows together), its scale a's.
+  // A stack of n_expert + 1 experts: x's, then one more made of a's rows followed by b's (b
+  // may be null; x's type, their rows x's n_out), scaled by a's scale.
   DeviceExperts experts_and(const Experts& x, int64_t n_expert, const Linear* a, const Linear* b);
   const void* upload_joined(std::initializer_list<std::pair<const void*, size_t>> parts);
   DeviceNorm norm(const Norm& n, int64_t len);
