@@ -56,11 +56,12 @@ std::vector<SharedStack> shared_stacks(const LayerWeights& w) {
 // rather than as four launches of its own after them (gate|up, GLU and down, its gate;
 // qwen3-next-80b-a3b Q4_K_M, 8 layers, tg128 graph 0.878 -> 0.821 ms a token, H200, one call):
 // the shared matrices of the routed ones' type and shape, no bias on either, one scale for
-// the parts of a fused gate_up, a slot left under the routing's 32, and, when gated, an F32
-// router without bias or scale that takes the gate's row as its row n_expert.
+// the parts of a fused gate_up, a slot left under the routing's 32, the plain SwiGLU (the
+// shared expert never takes gpt-oss's), and, when gated, an F32 router without bias or scale
+// that takes the gate's row as its row n_expert.
 bool stacks_shared_expert(const LayerPlan& p, const LayerWeights& w) {
   const MoePlan& mp = p.moe;
-  if (mp.n_ff_shexp == 0 || mp.n_ff_shexp != mp.n_ff_exp || mp.n_expert_used >= 32) return false;
+  if (mp.n_ff_shexp == 0 || mp.n_ff_shexp != mp.n_ff_exp || mp.n_expert_used >= 32 || mp.swiglu_oai) return false;
   for (const SharedStack& st : shared_stacks(w)) {
     const Experts& x = *st.x;
     if (!x || x.b) return false;
