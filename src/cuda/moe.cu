@@ -26,6 +26,11 @@ __device__ __forceinline__ uint64_t rank_key(float s, int e) {
   return (uint64_t{u} << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(e));
 }
 
+// A shared expert's gate weight, sigmoid(v), as llama.cpp (qwen2moe) writes it: silu(v) / v.
+// The routing (a stacked shared expert's slot) and the combine (a separate one) both take it
+// from here, so the two paths weigh the shared expert with the same bits.
+__device__ __forceinline__ float shared_gate_weight(float v) { return v / (1.0f + expf(-v)) / v; }
+
 // kPer experts per lane: the launch picks the fewest that hold n_expert (a 128-expert router
 // walked 16 slots per lane, 12 of them empty, in every loop of the top-k).
 template <int kPer>
@@ -122,14 +127,9 @@ __global__ void route_kernel(RouteParams p) {
     p.expert[t * slots + j] = chosen[j];
     p.weight[t * slots + j] = w[j];
   }
-  if (p.shared) {  // combine_kernel's shared gate, as it computes it
-    float g = 1.0f;
-    if (p.shared == 2) {
-      const float v = lg[E];
-      g = v / (1.0f + expf(-v)) / v;
-    }
+  if (p.shared) {
     p.expert[t * slots + k] = E;
-    p.weight[t * slots + k] = g;
+    p.weight[t * slots + k] = p.shared == 2 ? shared_gate_weight(lg[E]) : 1.0f;
   }
 }
 
@@ -142,11 +142,7 @@ __global__ void combine_kernel(CombineParams p) {
     float o = y[0] * w[0];
     for (int64_t j = 1; j < p.k; ++j) o += y[j * p.n_embd] * w[j];
     if (p.shared) {
-      float g = 1.0f;
-      if (p.shared_gate) {  // llama.cpp (qwen2moe) writes the sigmoid as silu(v) / v
-        const float v = p.shared_gate[t];
-        g = v / (1.0f + expf(-v)) / v;
-      }
+      const float g = p.shared_gate ? shared_gate_weight(p.shared_gate[t]) : 1.0f;
       o += p.shared[i] * g;
     }
     p.out[i] = p.residual ? p.residual[i] + o : o;
