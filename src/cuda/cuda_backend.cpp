@@ -693,10 +693,11 @@ MatmulParams CudaBackend::matmul_params(const DeviceLinear& l, const float* x, i
 }
 
 void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-                         const float* residual, bool x_prepared) {
+                         const float* residual, bool x_prepared, const GluParams* pre_glu) {
   MatmulParams p = matmul_params(l, x, x_stride, y, y_stride);
   p.residual = residual;
   p.x_prepared = x_prepared;
+  p.pre_glu = pre_glu;
   launch_matmul(p);
 }
 
@@ -976,22 +977,15 @@ void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d,
                                        const GluParams* branch_glu) {
   const int64_t E = m_.hp.n_embd, n = n_tok_;
   const bool ln = m_.hp.norm == NormKind::kLayer;
-  const auto project = [&](float* y, const float* residual) {
-    MatmulParams m = matmul_params(proj, branch, branch_w, y, E);
-    m.residual = residual;
-    m.x_prepared = branch_q8;
-    m.pre_glu = branch_glu;
-    launch_matmul(m);
-  };
   // Decode batches add the residual in the products' epilogue (x = x + W h, one launch):
   // where a sandwich norm sits between product and add, or a batch takes cuBLAS, the add
   // stays a kernel. Bit for bit the same sum either way (x + o == o + x).
   const bool fuse = n <= kMatvecMaxTok;
   // x = x + o_proj(attn_output) (+ the sandwich norm before the add)
   if (fuse && !p.post_attn_norm) {
-    project(x_.f(), x_.f());
+    matmul(proj, branch, branch_w, x_.f(), E, x_.f(), branch_q8, branch_glu);
   } else {
-    project(o_.f(), nullptr);
+    matmul(proj, branch, branch_w, o_.f(), E, nullptr, branch_q8, branch_glu);
     if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
     launch_add(x_.f(), x_.f(), o_.f(), nullptr, n * E, stream_);
   }

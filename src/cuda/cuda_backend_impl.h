@@ -137,9 +137,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
                                   int pick_k);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual;
-  // x_prepared: MatmulParams::x_prepared).
+  // x_prepared, pre_glu: MatmulParams').
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-              const float* residual = nullptr, bool x_prepared = false);
+              const float* residual = nullptr, bool x_prepared = false, const GluParams* pre_glu = nullptr);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
   NormParams norm_params(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride,
                          bool layer) const;
