@@ -38,17 +38,20 @@ bool moe_ok(const LayerPlan& p, const LayerWeights& w) {
 }
 
 // The stacks a shared expert joins (stacks_shared_expert): gate and up (or the fused gate_up,
-// the shared gate's rows then its up's), down; each with the shared matrices it takes.
+// the shared gate's rows then its up's), down; each with the shared matrices it takes and the
+// DeviceLayer stack it becomes.
 struct SharedStack {
   const Experts* x;
   const Linear* part[2];  // part[1] null but for the fused gate_up
+  DeviceExperts DeviceLayer::*to;
 };
 std::vector<SharedStack> shared_stacks(const LayerWeights& w) {
   if (w.ffn_gate_up_exps)
-    return {{&w.ffn_gate_up_exps, {&w.ffn_gate_shexp, &w.ffn_up_shexp}}, {&w.ffn_down_exps, {&w.ffn_down_shexp, nullptr}}};
-  return {{&w.ffn_gate_exps, {&w.ffn_gate_shexp, nullptr}},
-          {&w.ffn_up_exps, {&w.ffn_up_shexp, nullptr}},
-          {&w.ffn_down_exps, {&w.ffn_down_shexp, nullptr}}};
+    return {{&w.ffn_gate_up_exps, {&w.ffn_gate_shexp, &w.ffn_up_shexp}, &DeviceLayer::gate_up_exps},
+            {&w.ffn_down_exps, {&w.ffn_down_shexp, nullptr}, &DeviceLayer::down_exps}};
+  return {{&w.ffn_gate_exps, {&w.ffn_gate_shexp, nullptr}, &DeviceLayer::gate_exps},
+          {&w.ffn_up_exps, {&w.ffn_up_shexp, nullptr}, &DeviceLayer::up_exps},
+          {&w.ffn_down_exps, {&w.ffn_down_shexp, nullptr}, &DeviceLayer::down_exps}};
 }
 
 // Whether a (device-run) MoE layer's shared expert can be uploaded as one more expert of the
@@ -178,13 +181,7 @@ DeviceWeights::DeviceWeights(const Model& m, bool stack_shared) {
       d.shexp_stacked = stack_shared && stacks_shared_expert(p, w);
       if (d.shexp_stacked) {
         ++shared_stacked_;
-        for (const SharedStack& st : shared_stacks(w)) {
-          DeviceExperts* to = st.x == &w.ffn_gate_up_exps ? &d.gate_up_exps
-                              : st.x == &w.ffn_gate_exps  ? &d.gate_exps
-                              : st.x == &w.ffn_up_exps    ? &d.up_exps
-                                                          : &d.down_exps;
-          *to = experts_and(*st.x, n_exp, st.part[0], st.part[1]);
-        }
+        for (const SharedStack& st : shared_stacks(w)) d.*st.to = experts_and(*st.x, n_exp, st.part[0], st.part[1]);
         if (p.moe.shexp_gate) {  // the gate's row after the experts' (F32 rows, no bias)
           d.router.type = static_cast<int>(GgmlType::F32);
           d.router.row_bytes = static_cast<size_t>(hp.n_embd) * sizeof(float);
