@@ -381,10 +381,9 @@ TEST(DeltaNetKernels, GatesMatchHost) {
 // (FRINK_GPU_TESTDATA / ../shared, skipped when absent).
 std::vector<std::pair<std::string, std::string>> hybrid_models() {
   std::vector<std::pair<std::string, std::string>> out;
-  const char* env = std::getenv("FRINK_HF_FIXTURES");
-  const auto hf = env ? std::filesystem::path(env) : std::filesystem::path(FRINK_SOURCE_DIR) / "tests" / "fixtures" / "hf";
   for (const char* name : {"qwen3_next", "qwen3_5"})
-    if (std::filesystem::exists(hf / name / "config.json")) out.emplace_back(std::string("hf/") + name, (hf / name).string());
+    if (const auto dir = hf_fixture(name); std::filesystem::exists(dir / "config.json"))
+      out.emplace_back(std::string("hf/") + name, dir.string());
   const auto data = gpu_testdata();
   for (const char* name : {"qwen3next-moe", "qwen35-dense", "qwen35moe-moe"}) {
     const auto p = data / "llamacpp" / "archs" / (std::string(name) + ".gguf");

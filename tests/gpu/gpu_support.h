@@ -48,6 +48,13 @@ inline std::filesystem::path gpu_testdata() {
   return shared_testdata();
 }
 
+// A transformers fixture's folder (SafeTensors, committed under tests/fixtures/hf);
+// FRINK_HF_FIXTURES: the folder on a machine where the build's source path does not exist.
+inline std::filesystem::path hf_fixture(const char* name) {
+  const char* env = std::getenv("FRINK_HF_FIXTURES");
+  return (env ? std::filesystem::path(env) : std::filesystem::path(FRINK_SOURCE_DIR) / "tests" / "fixtures" / "hf") / name;
+}
+
 #define FRINK_REQUIRE_GPU_DATA(rel)                                                          \
   do {                                                                                       \
     if (::frink::test::gpu_testdata().empty() ||                                             \

@@ -116,13 +116,6 @@ INSTANTIATE_TEST_SUITE_P(
 
 class HfParity : public ::testing::TestWithParam<const char*> {};
 
-// A transformers fixture's folder (SafeTensors, committed under tests/fixtures/hf);
-// FRINK_HF_FIXTURES: the folder on a machine where the build's source path does not exist.
-std::filesystem::path hf_fixture(const char* name) {
-  const char* env = std::getenv("FRINK_HF_FIXTURES");
-  return (env ? std::filesystem::path(env) : std::filesystem::path(FRINK_SOURCE_DIR) / "tests" / "fixtures" / "hf") / name;
-}
-
 // The transformers fixtures (SafeTensors folders committed under tests/fixtures/hf).
 TEST_P(HfParity, PrefillAndDecodeMatchHost) {
   FRINK_REQUIRE_GPU();
