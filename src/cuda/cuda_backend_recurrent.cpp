@@ -81,7 +81,6 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
   gp.beta = gdn_beta_.f();
   gp.g = gdn_g_.f();
   gp.stream = stream_;
-  launch_delta_gates(gp);
 
   // Segment by segment: qkv = silu(conv1d(qkv)) against the conv state; q, k = l2norm(q),
   // l2norm(k) per key head; o = gated_delta_rule(q / sqrt(d), k, v, g, beta) against the state.
@@ -99,7 +98,6 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
     cp.bias = d.ssm_conv1d_b;
     cp.state = rm.conv(il);
     cp.stream = stream_;
-    launch_conv1d_silu(cp);
     L2NormParams lp;
     lp.x = gdn_conv_.f() + b * C;
     lp.x_stride = C;
@@ -108,7 +106,13 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
     lp.n = dh;
     lp.eps = hp.norm_eps;
     lp.stream = stream_;
-    launch_l2_norm(lp);
+    if (n == 1 && delta_decode_prep_ok(cp, lp, gp)) {  // a decode token: the three in one launch
+      launch_delta_decode_prep(cp, lp, gp);
+    } else {
+      if (b == 0) launch_delta_gates(gp);  // every token's gates, before the first delta rule
+      launch_conv1d_silu(cp);
+      launch_l2_norm(lp);
+    }
     DeltaRuleParams dp;
     dp.qkv = gdn_conv_.f() + b * C;
     dp.qkv_stride = C;

@@ -24,25 +24,29 @@ unsigned blocks_for(int64_t n, int64_t per_block) {
   return static_cast<unsigned>(std::min<int64_t>((n + per_block - 1) / per_block, 1 << 20));
 }
 
+// Token t's gates of value head hv (index i = t * n_v_head + hv).
+__device__ __forceinline__ void gate_one(const DeltaGatesParams& p, int64_t i) {
+  const int64_t t = i / p.n_v_head, hv = i % p.n_v_head;
+  const float* row = p.ba + t * 2 * p.n_v_head;
+  float b, a;
+  if (p.fused) {
+    const int64_t rf = p.n_v_head / p.n_k_head, kh = hv / rf, r = hv % rf;
+    b = row[kh * 2 * rf + r];
+    a = row[kh * 2 * rf + rf + r];
+  } else {
+    b = row[hv];
+    a = row[p.n_v_head + hv];
+  }
+  p.beta[i] = 1.0f / (1.0f + expf(-b));
+  // ggml's softplus: log(1 + e^x), and x itself above 20 where the two agree in f32
+  const float x = a + p.dt_bias[hv];
+  p.g[i] = (x > 20.0f ? x : log1pf(expf(x))) * p.a[hv];
+}
+
 __global__ void gates_kernel(DeltaGatesParams p) {
   const int64_t n = p.n_tok * p.n_v_head;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t t = i / p.n_v_head, hv = i % p.n_v_head;
-    const float* row = p.ba + t * 2 * p.n_v_head;
-    float b, a;
-    if (p.fused) {
-      const int64_t rf = p.n_v_head / p.n_k_head, kh = hv / rf, r = hv % rf;
-      b = row[kh * 2 * rf + r];
-      a = row[kh * 2 * rf + rf + r];
-    } else {
-      b = row[hv];
-      a = row[p.n_v_head + hv];
-    }
-    p.beta[i] = 1.0f / (1.0f + expf(-b));
-    // ggml's softplus: log(1 + e^x), and x itself above 20 where the two agree in f32
-    const float x = a + p.dt_bias[hv];
-    p.g[i] = (x > 20.0f ? x : log1pf(expf(x))) * p.a[hv];
-  }
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    gate_one(p, i);
 }
 
 // Input u of the convolution: u >= 0 a new row, u < 0 the state's row width - 1 + u.
@@ -50,25 +54,46 @@ __device__ __forceinline__ float conv_input(const ConvParams& p, int64_t u, int6
   return u >= 0 ? p.x[u * p.x_stride + c] : p.state[(p.width - 1 + u) * p.channels + c];
 }
 
+// silu(conv) of token t, channel c (the state only read).
+__device__ __forceinline__ float conv_one(const ConvParams& p, int64_t t, int64_t c) {
+  const int64_t K = p.width;
+  float s = 0.0f;
+  for (int64_t j = 0; j < K; ++j) s += conv_input(p, t + j - (K - 1), c) * p.w[c * K + j];
+  if (p.bias) s += p.bias[c];
+  return s / (1.0f + expf(-s));
+}
+
+// The state of channel c becomes inputs [n_tok - (width - 1), n_tok). Row r reads input
+// n_tok - (width-1) + r, which (when negative) is old state row n_tok + r > r: rows are written
+// in ascending order by the channel's one thread, so every old row is read before it is
+// overwritten.
+__device__ __forceinline__ void conv_state_one(const ConvParams& p, int64_t c) {
+  const int64_t k1 = p.width - 1;
+  for (int64_t r = 0; r < k1; ++r) p.state[r * p.channels + c] = conv_input(p, p.n_tok - k1 + r, c);
+}
+
 __global__ void conv_kernel(ConvParams p) {
-  const int64_t n = p.n_tok * p.channels, K = p.width;
+  const int64_t n = p.n_tok * p.channels;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / p.channels, c = i % p.channels;
-    float s = 0.0f;
-    for (int64_t j = 0; j < K; ++j) s += conv_input(p, t + j - (K - 1), c) * p.w[c * K + j];
-    if (p.bias) s += p.bias[c];
-    p.y[t * p.y_stride + c] = s / (1.0f + expf(-s));
+    p.y[t * p.y_stride + c] = conv_one(p, t, c);
   }
 }
 
-// The state becomes inputs [n_tok - (width - 1), n_tok). Row r reads input n_tok - (width-1) + r,
-// which (when negative) is old state row n_tok + r > r: rows are written in ascending order by
-// the channel's one thread, so every old row is read before it is overwritten.
 __global__ void conv_state_kernel(ConvParams p) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= p.channels) return;
-  const int64_t k1 = p.width - 1;
-  for (int64_t r = 0; r < k1; ++r) p.state[r * p.channels + c] = conv_input(p, p.n_tok - k1 + r, c);
+  conv_state_one(p, c);
+}
+
+// 1 / max(||x||, eps) of n floats, by one warp: each lane's squares in index order, then the
+// xor tree (every lane gets it).
+__device__ __forceinline__ float l2_scale(const float* x, int64_t n, float eps, int lane) {
+  float ss = 0.0f;
+  for (int64_t i = lane; i < n; i += 32) ss += x[i] * x[i];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  return 1.0f / fmaxf(sqrtf(ss), eps);
 }
 
 __global__ void l2_norm_kernel(L2NormParams p) {
@@ -76,12 +101,36 @@ __global__ void l2_norm_kernel(L2NormParams p) {
   const int lane = threadIdx.x % 32;
   if (row >= p.n_tok * p.n_head) return;
   float* x = p.x + (row / p.n_head) * p.x_stride + (row % p.n_head) * p.n;
-  float ss = 0.0f;
-  for (int64_t i = lane; i < p.n; i += 32) ss += x[i] * x[i];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float scale = 1.0f / fmaxf(sqrtf(ss), p.eps);
+  const float scale = l2_scale(x, p.n, p.eps, lane);
   for (int64_t i = lane; i < p.n; i += 32) x[i] *= scale;
+}
+
+// One decode token's gates, convolution (with its state) and q/k l2 norm in one launch: block
+// b is head b's l.n channels (q heads, k heads, then v heads: channels = heads x l.n), one a
+// thread; the q/k heads' outputs meet in shared memory for the norm; block 0 also does the gates.
+// The same functions as the three launches, in the same order: the same bits.
+__global__ void decode_prep_kernel(ConvParams c, L2NormParams l, DeltaGatesParams g) {
+  extern __shared__ float ys[];  // [l.n]
+  const int64_t ch = int64_t{blockIdx.x} * l.n + threadIdx.x;
+  const bool mine = threadIdx.x < l.n;
+  float y = 0.0f;
+  if (mine) {
+    y = conv_one(c, 0, ch);
+    conv_state_one(c, ch);
+  }
+  if (blockIdx.x < l.n_head) {  // block-uniform
+    if (mine) ys[threadIdx.x] = y;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const float scale = l2_scale(ys, l.n, l.eps, static_cast<int>(threadIdx.x));
+      if (threadIdx.x == 0) ys[l.n] = scale;
+    }
+    __syncthreads();
+    y *= ys[l.n];
+  }
+  if (mine) c.y[ch] = y;
+  if (blockIdx.x == 0)
+    for (int64_t i = threadIdx.x; i < g.n_v_head; i += blockDim.x) gate_one(g, i);
 }
 
 // Block (32, W): lane = column j within the block's 32, warp w = rows [16 w, 16 w + 16) of the
@@ -410,6 +459,20 @@ void launch_l2_norm(const L2NormParams& p) {
   FRINK_CUDA_CHECK(p.n > 0 ? cudaSuccess : cudaErrorInvalidValue);
   const int64_t rows = p.n_tok * p.n_head;  // 8 warps (rows) per block
   l2_norm_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, p.stream>>>(p);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+bool delta_decode_prep_ok(const ConvParams& c, const L2NormParams& l, const DeltaGatesParams& g) {
+  return c.n_tok == 1 && l.n_tok == 1 && g.n_tok == 1 && l.x == c.y && l.n >= 1 && l.n <= 1024 &&
+         c.channels % l.n == 0 && l.n_head * l.n <= c.channels && c.width >= 1 && c.width <= kConvMaxWidth &&
+         g.n_k_head > 0 && g.n_v_head % g.n_k_head == 0 && c.stream == l.stream && c.stream == g.stream;
+}
+
+void launch_delta_decode_prep(const ConvParams& c, const L2NormParams& l, const DeltaGatesParams& g) {
+  FRINK_CUDA_CHECK(delta_decode_prep_ok(c, l, g) ? cudaSuccess : cudaErrorInvalidValue);
+  const auto threads = static_cast<unsigned>((l.n + 31) / 32 * 32);
+  decode_prep_kernel<<<static_cast<unsigned>(c.channels / l.n), threads, static_cast<size_t>(l.n + 1) * sizeof(float),
+                       c.stream>>>(c, l, g);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

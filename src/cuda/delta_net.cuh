@@ -70,6 +70,13 @@ struct L2NormParams {
 };
 void launch_l2_norm(const L2NormParams& p);
 
+// A decode token (n_tok 1 in all three): launch_delta_gates(g), launch_conv1d_silu(c) and
+// launch_l2_norm(l) on its output (l.x == c.y) as ONE launch, the same bits. Block b takes the
+// l.n channels of head b (channels a multiple of l.n: the q, k and v heads of d_state). Why: on
+// a decode token's chain these were four launches of 2.3-3.2 us each (qwen3-next, ncu, H200).
+bool delta_decode_prep_ok(const ConvParams& c, const L2NormParams& l, const DeltaGatesParams& g);
+void launch_delta_decode_prep(const ConvParams& c, const L2NormParams& l, const DeltaGatesParams& g);
+
 // The gated delta rule over tokens [0, n_tok), each value head against its state [d][d]
 // (S[i][j], i over keys): cpu::delta_rule_recurrent, i.e.
 //   S = exp(g_t) S;  delta = beta_t (v_t - S^T k_t);  S += k_t delta^T;  o_t = S^T (q_t q_scale).

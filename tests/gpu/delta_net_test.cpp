@@ -375,6 +375,74 @@ TEST(DeltaNetKernels, GatesMatchHost) {
   }
 }
 
+// A decode token's gates, convolution (state included) and q/k l2 norm in one launch
+// (launch_delta_decode_prep) equal the three launches bit for bit: head widths that are and
+// are not a warp multiple, conv widths 4 and 1 (no state), fused and split gates, a bias.
+TEST(DeltaNetKernels, DecodePrepEqualsThreeLaunches) {
+  FRINK_REQUIRE_GPU();
+  struct Case {
+    int64_t d, nk, nv, width;
+    bool fused, bias;
+  };
+  for (const Case& k : {Case{128, 2, 4, 4, true, false}, Case{40, 3, 6, 4, false, true}, Case{64, 1, 2, 1, true, true}}) {
+    const int64_t C = (2 * k.nk + k.nv) * k.d, stride = C + 3;
+    std::mt19937 rng(static_cast<uint32_t>(k.d + k.width));
+    const std::vector<float> x = uniform(rng, static_cast<size_t>(stride), -2.0f, 2.0f);
+    const std::vector<float> w = uniform(rng, static_cast<size_t>(C * k.width), -1.0f, 1.0f);
+    const std::vector<float> bias = uniform(rng, static_cast<size_t>(C), -0.5f, 0.5f);
+    const std::vector<float> state0 = uniform(rng, static_cast<size_t>(std::max<int64_t>(1, (k.width - 1) * C)), -2.0f, 2.0f);
+    const std::vector<float> ba = uniform(rng, static_cast<size_t>(2 * k.nv), -8.0f, 8.0f);
+    const std::vector<float> dt = uniform(rng, static_cast<size_t>(k.nv), -1.0f, 1.0f);
+    const std::vector<float> a = uniform(rng, static_cast<size_t>(k.nv), -3.0f, -0.1f);
+    Dev<float> dx(x), dw(w), db(bias), dba(ba), ddt(dt), da(a);
+    const auto run = [&](bool one) {
+      Dev<float> dstate(state0), dy(static_cast<size_t>(C)), dbeta(static_cast<size_t>(k.nv)), dg(static_cast<size_t>(k.nv));
+      cuda::ConvParams cp;
+      cp.x = dx.p;
+      cp.x_stride = stride;
+      cp.y = dy.p;
+      cp.y_stride = C;
+      cp.n_tok = 1;
+      cp.channels = C;
+      cp.width = k.width;
+      cp.w = dw.p;
+      cp.bias = k.bias ? db.p : nullptr;
+      cp.state = dstate.p;
+      cuda::L2NormParams lp;
+      lp.x = dy.p;
+      lp.x_stride = C;
+      lp.n_tok = 1;
+      lp.n_head = 2 * k.nk;
+      lp.n = k.d;
+      lp.eps = 1e-6f;
+      cuda::DeltaGatesParams gp;
+      gp.ba = dba.p;
+      gp.fused = k.fused;
+      gp.n_tok = 1;
+      gp.n_v_head = k.nv;
+      gp.n_k_head = k.nk;
+      gp.dt_bias = ddt.p;
+      gp.a = da.p;
+      gp.beta = dbeta.p;
+      gp.g = dg.p;
+      if (one) {
+        EXPECT_TRUE(cuda::delta_decode_prep_ok(cp, lp, gp));
+        cuda::launch_delta_decode_prep(cp, lp, gp);
+      } else {
+        cuda::launch_delta_gates(gp);
+        cuda::launch_conv1d_silu(cp);
+        cuda::launch_l2_norm(lp);
+      }
+      return std::vector<std::vector<float>>{dy.get(), dstate.get(), dbeta.get(), dg.get()};
+    };
+    const auto three = run(false), one = run(true);
+    EXPECT_EQ(one[0], three[0]) << "outputs, d " << k.d;
+    EXPECT_EQ(one[1], three[1]) << "state, d " << k.d;
+    EXPECT_EQ(one[2], three[2]) << "beta, d " << k.d;
+    EXPECT_EQ(one[3], three[3]) << "g, d " << k.d;
+  }
+}
+
 // ---- hybrid models on the device -------------------------------------------------------
 
 // The hybrid fixtures: the transformers ones (committed, always here) and llama.cpp's
