@@ -107,6 +107,13 @@ struct GluSource {
   __device__ float operator()(int64_t t, int64_t e) const { return glu_value(g, t, e); }
   __device__ void keep(int64_t t, int64_t e, float v) const { g.out[t * g.n + e] = v; }
 };
+// The GLU with its up norm: every thread of a block calls it, 256 elements of one token a block
+// (glu_norm_ok; both kernels below lay blocks out so when n_in is a multiple of 256).
+struct GluNormSource {
+  GluParams g;
+  __device__ float operator()(int64_t t, int64_t e) const { return glu_norm_value(g, t, e); }
+  __device__ void keep(int64_t t, int64_t e, float v) const { g.out[t * g.n + e] = v; }
+};
 
 template <typename Src>
 __global__ void quantize_q8_kernel(Src src, int64_t n_in, int64_t n_tok, int8_t* xq, float* xd) {
@@ -315,9 +322,17 @@ void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x) {
   launch_q8k(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, x, p.stream);
 }
 
-void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd) { launch_q8(GluSource{g}, g.n, g.n_tok, xq, xd, g.stream); }
+void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd) {
+  FRINK_CUDA_CHECK(!g.up_norm_w || glu_norm_ok(g) ? cudaSuccess : cudaErrorInvalidValue);
+  if (g.up_norm_w) launch_q8(GluNormSource{g}, g.n, g.n_tok, xq, xd, g.stream);
+  else launch_q8(GluSource{g}, g.n, g.n_tok, xq, xd, g.stream);
+}
 
-void launch_glu_q8k(const GluParams& g, const Q8KAct& x) { launch_q8k(GluSource{g}, g.n, g.n_tok, x, g.stream); }
+void launch_glu_q8k(const GluParams& g, const Q8KAct& x) {
+  FRINK_CUDA_CHECK(!g.up_norm_w || glu_norm_ok(g) ? cudaSuccess : cudaErrorInvalidValue);
+  if (g.up_norm_w) launch_q8k(GluNormSource{g}, g.n, g.n_tok, x, g.stream);
+  else launch_q8k(GluSource{g}, g.n, g.n_tok, x, g.stream);
+}
 
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {
   launch_dependent(norm_q8_kernel, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,

@@ -133,8 +133,8 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
     b = e;
   }
 
-  // o = rms(o) * ssm_norm * silu(z) per value head
-  norm_rows(DeviceNorm{d.ssm_norm, nullptr}, gdn_o_.f(), gdn_o_.f(), n * nv, dh, dh, false);
+  // o = rms(o) * ssm_norm * silu(z) per value head: the norm in the GLU's launch (up_norm),
+  // where its heads tile the GLU's 256-element blocks.
   GluParams g;
   g.gate = gdn_z_.f();
   g.up = gdn_o_.f();
@@ -142,7 +142,14 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
   g.out = gdn_o_.f();  // element by element: each output is its own up input
   g.n = V;
   g.n_tok = n;
+  g.up_norm_w = d.ssm_norm;
+  g.up_norm_n = dh;
+  g.up_norm_eps = hp.norm_eps;
   g.stream = stream_;
+  if (!glu_norm_ok(g)) {
+    g.up_norm_w = nullptr;
+    norm_rows(DeviceNorm{d.ssm_norm, nullptr}, gdn_o_.f(), gdn_o_.f(), n * nv, dh, dh, false);
+  }
   // x = x + ssm_out(o); x = x + ffn(rms(x) * ffn_norm), the GLU in ssm_out's producer (with
   // o's dp4a blocks where ssm_out reads them)
   enqueue_residual_ffn(p, d, d.ssm_out, gdn_o_.f(), V, false, &g);

@@ -18,6 +18,12 @@ __global__ void glu_kernel(GluParams p) {
     p.out[i] = glu_value(p, i / p.n, i % p.n);
 }
 
+// A block of 256 elements of one token (glu_norm_value's layout).
+__global__ void __launch_bounds__(256) glu_norm_kernel(GluParams p) {
+  const int64_t t = blockIdx.y, e = int64_t{blockIdx.x} * 256 + threadIdx.x;
+  p.out[t * p.n + e] = glu_norm_value(p, t, e);
+}
+
 __global__ void add_kernel(float* y, const float* a, const float* b, const float* c, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     y[i] = c ? a[i] + (b[i] + c[i]) : a[i] + b[i];
@@ -101,6 +107,12 @@ void launch_argmax(const float* x, int64_t n, void* scratch, int32_t* out, cudaS
 
 void launch_glu(const GluParams& p) {
   if (p.n * p.n_tok == 0) return;
+  if (p.up_norm_w) {
+    FRINK_CUDA_CHECK(glu_norm_ok(p) && p.n_tok <= 65535 ? cudaSuccess : cudaErrorInvalidValue);  // grid y
+    glu_norm_kernel<<<dim3(static_cast<unsigned>(p.n / 256), static_cast<unsigned>(p.n_tok)), 256, 0, p.stream>>>(p);
+    FRINK_CUDA_CHECK_LAUNCH();
+    return;
+  }
   glu_kernel<<<blocks_for(p.n * p.n_tok), 256, 0, p.stream>>>(p);
   FRINK_CUDA_CHECK_LAUNCH();
 }

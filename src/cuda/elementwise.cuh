@@ -17,9 +17,21 @@ struct GluParams {
   int64_t n = 0, n_tok = 0;
   bool gelu = false;            // false: SiLU
   bool oai = false;             // gpt-oss's clamped SwiGLU (ggml_swiglu_oai) instead; needs up
+  // up RMS-normed in groups of up_norm_n elements (times up_norm_w[j % up_norm_n]) before the
+  // product with act(gate): the gated delta net's output norm, in the launch that computes the
+  // GLU (glu_norm_ok). Null: up as it is.
+  const float* up_norm_w = nullptr;
+  int64_t up_norm_n = 0;
+  float up_norm_eps = 0.0f;
   cudaStream_t stream = nullptr;
 };
+// With an up norm, p must pass glu_norm_ok (else cudaErrorInvalidValue).
 void launch_glu(const GluParams& p);
+// Whether p's up norm can run in its GLU's launches (here and act_prep.cu's): a block of 256
+// threads holds 256 elements of one token, so groups must tile it and rows be whole blocks.
+inline bool glu_norm_ok(const GluParams& p) {
+  return p.up && !p.oai && p.up_norm_n > 0 && p.up_norm_n % 32 == 0 && 256 % p.up_norm_n == 0 && p.n % 256 == 0;
+}
 
 // y[i] = a[i] + b[i] (+ c[i] when c is set), i < n. y may alias a.
 void launch_add(float* y, const float* a, const float* b, const float* c, int64_t n, cudaStream_t stream);

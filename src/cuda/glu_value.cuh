@@ -30,4 +30,33 @@ __device__ __forceinline__ float glu_value(const GluParams& p, int64_t t, int64_
   return p.up ? g * p.up[t * p.up_stride + j] : g;
 }
 
+// The GLU with its up norm (GluParams::up_norm_w): thread i of a 256-thread block holds element
+// e of token t, e = 256 b + i. Every thread of the block must call it (it synchronises).
+// The group's sum of squares is taken in one fixed order (quads of lanes, then one warp's xor
+// tree over the group's quads, through shared memory), so every launch that computes it (the
+// plain GLU kernel and the producers that quantize as they go) gives the same bits.
+__device__ __forceinline__ float glu_norm_value(const GluParams& p, int64_t t, int64_t e) {
+  __shared__ float quads[64];  // 256 elements: 64 quad sums
+  __shared__ float totals[8];  // a group's total, by group (at most 8 groups of 32)
+  const int lane = threadIdx.x % 32, i = threadIdx.x, gn = static_cast<int>(p.up_norm_n);
+  const float u = p.up[t * p.up_stride + e];
+  float q = u * u;
+  q += __shfl_xor_sync(0xffffffffu, q, 1);
+  q += __shfl_xor_sync(0xffffffffu, q, 2);
+  if (lane % 4 == 0) quads[i / 4] = q;
+  __syncthreads();
+  const int per = gn / 4, w = i / 32;  // quads a group: 8, 16, 32 or 64
+  if (w < 256 / gn) {                   // warp w sums group w's quads
+    float s = lane < per ? quads[w * per + lane] : 0.0f;
+    if (lane + 32 < per) s += quads[w * per + lane + 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) totals[w] = s;
+  }
+  __syncthreads();
+  const float scale = rsqrtf(totals[i / gn] / static_cast<float>(gn) + p.up_norm_eps);
+  const float y = u * scale * p.up_norm_w[e % gn];
+  return glu_act(p.gate[t * p.gate_stride + e], p.gelu) * y;
+}
+
 }  // namespace frink::cuda

@@ -411,7 +411,9 @@ TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
 
 // A gated activation handed to launch_matmuls (MatmulParams::pre_glu) gives the same bits as
 // launch_glu followed by the product: SiLU, GELU, gpt-oss's clamped form and gate-only, for
-// the four dp4a types (fused) and BF16 (plain), decode and prompt batches.
+// the four dp4a types (fused) and BF16 (plain), decode and prompt batches. With an up norm in
+// groups of 128 and 256 (the gated delta net's output norm: GluParams::up_norm_w), launch_glu's
+// output is also held to the host's arithmetic (a group norm then the GLU, in double).
 TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(37);
@@ -421,8 +423,10 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16})
     for (int64_t n_in : {768, 2304})
       for (int64_t n_tok : {1, 3, 12})
-        for (int mode : {0, 1, 2, 3, 4}) {  // SiLU, GELU, clamped SwiGLU (oai), SiLU of the gate
-                                             // alone, SiLU of a fused gate|up row (stride 2 n)
+        for (int mode : {0, 1, 2, 3, 4, 5, 6}) {  // SiLU, GELU, clamped SwiGLU (oai), SiLU of the
+                                                   // gate alone, SiLU of a fused gate|up row
+                                                   // (stride 2 n), SiLU with up normed in groups
+                                                   // of 128, of 256
           if (n_in % ggml_type_info(t).block_elems != 0) continue;
           const int64_t n_out = 29;
           const auto gate = random_floats(rng, 2 * n_in * n_tok), up = random_floats(rng, n_in * n_tok);
@@ -437,7 +441,33 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
           g.gelu = mode == 1;
           g.oai = mode == 2;
           g.out = dh1.p;
+          const int64_t gn = mode == 5 ? 128 : 256;
+          const auto norm_w = random_floats(rng, gn);
+          Dev<float> dnw(norm_w);
+          if (mode >= 5) {
+            g.up_norm_w = dnw.p;
+            g.up_norm_n = gn;
+            g.up_norm_eps = 1e-6f;
+            ASSERT_TRUE(cuda::glu_norm_ok(g));
+          }
           cuda::launch_glu(g);  // separate: the activation, then the product
+          if (mode >= 5) {  // the host's group norm (rms_norm per head, then silu(z) * o)
+            std::vector<float> host(static_cast<size_t>(n_in * n_tok));
+            for (int64_t t = 0; t < n_tok; ++t)
+              for (int64_t h = 0; h < n_in / gn; ++h) {
+                const float* u = up.data() + t * n_in + h * gn;
+                double ss = 0.0;
+                for (int64_t i = 0; i < gn; ++i) ss += static_cast<double>(u[i]) * u[i];
+                const double scale = 1.0 / std::sqrt(ss / static_cast<double>(gn) + 1e-6);
+                for (int64_t i = 0; i < gn; ++i) {
+                  const double z = gate[static_cast<size_t>(t * n_in + h * gn + i)];
+                  host[static_cast<size_t>(t * n_in + h * gn + i)] =
+                      static_cast<float>(z / (1.0 + std::exp(-z)) * u[i] * scale * norm_w[static_cast<size_t>(i)]);
+                }
+              }
+            const auto dev = dh1.get();
+            EXPECT_LT(nmse(dev.data(), host.data(), host.size()), 1e-12) << "mode " << mode << " n_in " << n_in;
+          }
           g.out = dh2.p;
           expect_producer_fused(
               {t, dwt.p, n_in, n_out, n_tok, blas, &scratch}, dh1, dh2, [&](cuda::MatmulParams& p) { p.pre_glu = &g; },
