@@ -106,7 +106,9 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
     lp.n = dh;
     lp.eps = hp.norm_eps;
     lp.stream = stream_;
-    if (n == 1 && delta_decode_prep_ok(cp, lp, gp)) {  // a decode token: the three in one launch
+    // A decode token: the three in one launch. qwen3-next-80b-a3b Q4_K_M, 4 layers, tg128 graph
+    // 0.383 / 0.379 -> 0.369 / 0.368 ms (H200, one call, alternating; test_gpu passed).
+    if (n == 1 && delta_decode_prep_ok(cp, lp, gp)) {
       launch_delta_decode_prep(cp, lp, gp);
     } else {
       if (b == 0) launch_delta_gates(gp);  // every token's gates, before the first delta rule
@@ -134,7 +136,8 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
   }
 
   // o = rms(o) * ssm_norm * silu(z) per value head: the norm in the GLU's launch (up_norm),
-  // where its heads tile the GLU's 256-element blocks.
+  // where its heads tile the GLU's 256-element blocks. One launch fewer: qwen3-next 4 layers,
+  // graph 0.369 / 0.368 -> 0.365 / 0.366 ms (the call above).
   GluParams g;
   g.gate = gdn_z_.f();
   g.up = gdn_o_.f();
