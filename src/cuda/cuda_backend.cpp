@@ -50,7 +50,6 @@
 #include "cuda/kv_mirror.h"
 #include "cuda/matmul.cuh"
 #include "cuda/moe.cuh"
-#include "cuda/moe_experts.cuh"
 #include "cuda/pick.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
@@ -290,13 +289,11 @@ static GluParams expert_glu(const MoePlan& mp, bool fused, float* gu, float* out
 void CudaBackend::moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu) {
   const MoePlan& mp = p.moe;
   const int64_t E = m_.hp.n_embd, S = n_tok_ * moe_stack(mp, d).slots;
-  GluParams g = expert_glu(mp, static_cast<bool>(d.gate_up_exps), moe_gu_.f(), moe_hidden_.f(), S, stream_);
-  MatmulParams down = expert_params(d.down_exps, moe_hidden_.f(), S, 1, moe_y_.f(), E);
-  // A decode token's three products in one launch, where the fused kernel takes them.
-  if (launch_fused_experts(gu, n_gu, down, g)) return;
   // gate, up = gate_e(x), up_e(x) for each chosen expert e   (or one fused gate_up_e(x), split)
   launch_matmuls(gu, n_gu);  // one preparation of h for gate and up
+  GluParams g = expert_glu(mp, static_cast<bool>(d.gate_up_exps), moe_gu_.f(), moe_hidden_.f(), S, stream_);
   // y_e = down_e(hidden), one row per slot (the GLU launched with its activation preparation)
+  MatmulParams down = expert_params(d.down_exps, moe_hidden_.f(), S, 1, moe_y_.f(), E);
   down.pre_glu = &g;
   down.slots_settled = true;  // the routing finished before the gate/up began (MatmulParams)
   launch_matmul(down);
