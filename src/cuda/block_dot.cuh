@@ -1,7 +1,8 @@
 // The decode products' block arithmetic on rows staged in shared memory (or read in place):
 // the staged chunk geometry per type, and blocks_dot / LaneDot, the host's vec_dot_*_q8_*
-// integer dots. Shared by the stream kernel (matvec.cu) and the fused MoE expert kernel
-// (moe_experts.cu), so both compute a row the same way. Only for .cu files.
+// integer dots, as the stream kernel (matvec.cu) runs them. Apart so a kernel that stages rows
+// its own way can compute them the same way (the dropped fused expert kernel did, branch
+// dropped/fused-experts). Only for .cu files.
 #pragma once
 
 #include <cstdint>
