@@ -322,16 +322,20 @@ void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x) {
   launch_q8k(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, x, p.stream);
 }
 
-void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd) {
+// launch(source) with g's source: the GLU, or the GLU with its up norm.
+template <typename Launch>
+void with_glu_source(const GluParams& g, Launch&& launch) {
   FRINK_CUDA_CHECK(!g.up_norm_w || glu_norm_ok(g) ? cudaSuccess : cudaErrorInvalidValue);
-  if (g.up_norm_w) launch_q8(GluNormSource{g}, g.n, g.n_tok, xq, xd, g.stream);
-  else launch_q8(GluSource{g}, g.n, g.n_tok, xq, xd, g.stream);
+  if (g.up_norm_w) launch(GluNormSource{g});
+  else launch(GluSource{g});
+}
+
+void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd) {
+  with_glu_source(g, [&](auto src) { launch_q8(src, g.n, g.n_tok, xq, xd, g.stream); });
 }
 
 void launch_glu_q8k(const GluParams& g, const Q8KAct& x) {
-  FRINK_CUDA_CHECK(!g.up_norm_w || glu_norm_ok(g) ? cudaSuccess : cudaErrorInvalidValue);
-  if (g.up_norm_w) launch_q8k(GluNormSource{g}, g.n, g.n_tok, x, g.stream);
-  else launch_q8k(GluSource{g}, g.n, g.n_tok, x, g.stream);
+  with_glu_source(g, [&](auto src) { launch_q8k(src, g.n, g.n_tok, x, g.stream); });
 }
 
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {

@@ -1,9 +1,9 @@
 // Gated DeltaNet steps on the device (qwen3next / qwen35 linear-attention layers). Host
 // bodies, which these follow step by step: delta_net_layer in src/cpu/recurrent_layer.cpp
 // (gates, causal conv1d with its state, the l2 norm of q and k) and delta_rule_recurrent in
-// src/cpu/delta_rule.cpp (the recurrence). The projections, the gated RMSNorm (launch_norm,
-// then the GLU with z as the gate, run by ssm_out's producer: MatmulParams::pre_glu) and the
-// FFN tail are the shared kernels.
+// src/cpu/delta_rule.cpp (the recurrence). The projections, the gated RMSNorm (the GLU with
+// z as the gate and its up norm, GluParams::up_norm_w, run by ssm_out's producer:
+// MatmulParams::pre_glu) and the FFN tail are the shared kernels.
 //
 // Every step reads and writes the layer's state in place in device memory (the sequence's
 // recurrent mirror), and no launch depends on a host value that changes from token to token,
