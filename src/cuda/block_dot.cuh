@@ -49,6 +49,9 @@ template <> struct Staged<kF16> : StagedGeom<kF16, 512> {};
 // GGUF type, so an id no type has; Q4_0's geometry and activation.
 constexpr int kQ4_0Pairs = 1000 + kQ4_0;
 template <> struct Staged<kQ4_0Pairs> : StagedGeom<kQ4_0, 64> {};
+// kQ4_0X8 rows are read in place (matvec_x8_kernel), never staged: Q4_0's geometry for the
+// launch's arithmetic (blocks a row), the same bytes.
+template <> struct Staged<kQ4_0X8> : StagedGeom<kQ4_0, 64> {};
 
 __device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
 
@@ -83,6 +86,25 @@ __device__ __forceinline__ PairAct pair_act(const StagedAct& x, int b0, int nb) 
   return p;
 }
 
+// One Q4_0 block's integer dot: the sum over its 32 elements of q x, q the raw nibbles of its
+// 4 qs words (low nibbles are elements 4i.., activation piece lo; high ones 16 + 4i.., piece
+// hi), from `sum` (minus 8 x the activation's sum there: the offset of 8, taken off once).
+__device__ __forceinline__ int q4_0_idot(const int (&q)[4], const int4& lo, const int4& hi, int sum) {
+  const int l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sum = __dp4a(q[i] & 0x0F0F0F0F, l[i], sum);
+    sum = __dp4a((q[i] >> 4) & 0x0F0F0F0F, h[i], sum);
+  }
+  return sum;
+}
+
+// sum plus the 16 signed bytes of v.
+__device__ __forceinline__ int bytes_sum(const int4& v, int sum) {
+  sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, sum));
+  return __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum));
+}
+
 // The pair's dot with R rows at s + r * rs into acc[r]: nine 4-byte shared loads and four
 // funnel shifts give both blocks' scales and quants, where kQ4_0's two-lanes-per-block branch
 // of blocks_dot spends five 2-byte loads per lane and block (the 18-byte blocks are only 2-byte
@@ -94,21 +116,6 @@ __device__ __forceinline__ void pairs_dot(const uint8_t* s, int64_t rs, int nb, 
   const int j = threadIdx.x % 32;
   if (2 * j >= nb) return;
   const bool two = 2 * j + 1 < nb;
-  // One block: sum over its 32 elements of q x, q the raw nibbles of the 4 qs words (low
-  // nibbles are elements 4i.., piece lo; high ones 16 + 4i.., piece hi), from `sum`.
-  const auto block_dot = [](const int (&q)[4], const int4& lo, const int4& hi, int sum) {
-    const int l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      sum = __dp4a(q[i] & 0x0F0F0F0F, l[i], sum);
-      sum = __dp4a((q[i] >> 4) & 0x0F0F0F0F, h[i], sum);
-    }
-    return sum;
-  };
-  const auto bytes_sum = [](const int4& v, int sum) {
-    sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, sum));
-    return __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum));
-  };
   // 8 x each block's activation sum: the offset of 8, taken off once.
   const int xsa = 8 * bytes_sum(x.q[1], bytes_sum(x.q[0], 0)), xsb = 8 * bytes_sum(x.q[3], bytes_sum(x.q[2], 0));
 #pragma unroll
@@ -127,8 +134,8 @@ __device__ __forceinline__ void pairs_dot(const uint8_t* s, int64_t rs, int nb, 
       qa[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], 16));
       qb[i] = static_cast<int>(v[5 + i]);
     }
-    acc[r][0] += static_cast<float>(block_dot(qa, x.q[0], x.q[1], -xsa)) * (da * x.da);
-    if (two) acc[r][0] += static_cast<float>(block_dot(qb, x.q[2], x.q[3], -xsb)) * (db * x.db);
+    acc[r][0] += static_cast<float>(q4_0_idot(qa, x.q[0], x.q[1], -xsa)) * (da * x.da);
+    if (two) acc[r][0] += static_cast<float>(q4_0_idot(qb, x.q[2], x.q[3], -xsb)) * (db * x.db);
   }
 }
 

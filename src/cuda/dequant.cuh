@@ -18,6 +18,9 @@ enum DevType : int {
   kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
   kBF16 = 30, kMXFP4 = 39,
+  // Q4_0 as the device keeps it where rows are whole groups of 8 blocks (q4_0_x8.cuh): no GGUF
+  // type, so an id none has.
+  kQ4_0X8 = 2000 + kQ4_0,
 };
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {
@@ -68,6 +71,8 @@ template <> struct BlockGeom<kQ6_K> { static constexpr int kElems = 256, kBytes 
 template <> struct BlockGeom<kIQ4_NL> { static constexpr int kElems = 32, kBytes = 18; };
 template <> struct BlockGeom<kIQ4_XS> { static constexpr int kElems = 256, kBytes = 136; };
 template <> struct BlockGeom<kMXFP4> { static constexpr int kElems = 32, kBytes = 17; };
+// A group of 8 Q4_0 blocks: their 8 x 16 bytes of quants, then their 8 f16 scales.
+template <> struct BlockGeom<kQ4_0X8> { static constexpr int kElems = 256, kBytes = 144; };
 
 // Elements [32 s, 32 s + 32) of a quantized row.
 template <int T>
@@ -79,6 +84,9 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
   if constexpr (T == kQ4_0) {
     const float d = h2f(b);
     nibbles(b + 2, out, [d](int q) { return (q - 8) * d; });
+  } else if constexpr (T == kQ4_0X8) {
+    const float d = h2f(b + 128 + 2 * j);
+    nibbles(b + 16 * j, out, [d](int q) { return (q - 8) * d; });
   } else if constexpr (T == kQ4_1) {
     const float d = h2f(b), m = h2f(b + 2);
     nibbles(b + 4, out, [d, m](int q) { return __fadd_rn(__fmul_rn(q, d), m); });
@@ -227,6 +235,6 @@ __device__ __forceinline__ void plain8_at(const uint8_t* row, int64_t g, bool ve
 // matmul_supported() and the dispatch, so support and dispatch cannot disagree.
 #define FRINK_FOR_EACH_DEVICE_TYPE(F)                                                      \
   F(kF32) F(kF16) F(kBF16) F(kQ4_0) F(kQ4_1) F(kQ5_0) F(kQ5_1) F(kQ8_0) F(kQ2_K) F(kQ3_K) \
-  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4)
+  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8)
 
 }  // namespace frink::cuda

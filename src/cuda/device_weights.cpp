@@ -263,6 +263,7 @@ DeviceLinear DeviceWeights::linear(const Linear& l) {
   d.n_in = l.n_in();
   d.n_out = l.n_out();
   d.w = upload(l.w->data, d.row_bytes * static_cast<size_t>(d.n_out));
+  d.type = device_layout(d.w, d.row_bytes * static_cast<size_t>(d.n_out), d.type, d.n_in);
   d.b = upload_vec(l.b, d.n_out);
   d.scale = l.scale;
   d.bias_before_scale = l.bias_before_scale;
@@ -278,6 +279,7 @@ DeviceExperts DeviceWeights::experts(const Experts& x, int64_t n_expert) {
   d.n_out = x.n_out();
   d.expert_bytes = d.row_bytes * static_cast<size_t>(d.n_out);
   d.w = upload(x.w->data, d.expert_bytes * static_cast<size_t>(n_expert));
+  d.type = device_layout(d.w, d.expert_bytes * static_cast<size_t>(n_expert), d.type, d.n_in);
   d.b = upload_vec(x.b, n_expert * d.n_out);
   d.scale = upload_vec(x.scale, n_expert);
   return d;
@@ -294,6 +296,7 @@ DeviceExperts DeviceWeights::experts_and(const Experts& x, int64_t n_expert, con
   d.w = upload_joined({{x.w->data, d.expert_bytes * static_cast<size_t>(n_expert)},
                        {a->w->data, bytes(a)},
                        {b ? b->w->data : nullptr, bytes(b)}});
+  d.type = device_layout(d.w, d.expert_bytes * static_cast<size_t>(n_expert) + bytes(a) + bytes(b), d.type, d.n_in);
   if (x.scale || a->scale != 1.0f) {  // the stacked expert's scale: its matrices' one
     std::vector<float> s(static_cast<size_t>(n_expert) + 1, 1.0f);
     if (x.scale) std::copy(x.scale, x.scale + n_expert, s.begin());
@@ -317,6 +320,17 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
   }
   bytes_ += n;
   return d;
+}
+
+// Q4_0 matrices of whole 8-block groups are reordered once, where they land (matmul.cuh,
+// q4_0_x8_type); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
+int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_t n_in) {
+  const int t = q4_0_x8_type(type, n_in);
+  if (t != type && repacked_.insert(d).second) {
+    repack_q4_0_x8(const_cast<void*>(d), n_bytes, nullptr);
+    FRINK_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // before any other stream reads it
+  }
+  return t;
 }
 
 DeviceNorm DeviceWeights::norm(const Norm& n, int64_t len) { return {upload_vec(n.w, len), upload_vec(n.b, len)}; }

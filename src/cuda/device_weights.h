@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <utility>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "engine/device_backend.h"
@@ -102,10 +103,13 @@ class DeviceWeights {
   DeviceExperts experts_and(const Experts& x, int64_t n_expert, const Linear* a, const Linear* b);
   const void* upload_joined(std::initializer_list<std::pair<const void*, size_t>> parts);
   DeviceNorm norm(const Norm& n, int64_t len);
+  // The type id matrix d (n_bytes, rows of n_in) is kept as, reordered for it if need be.
+  int device_layout(const void* d, size_t n_bytes, int type, int64_t n_in);
 
   std::vector<DeviceLayer> layers_;
   std::vector<void*> allocations_;
   std::map<const void*, const void*> uploaded_;  // host data -> device copy (tied weights once)
+  std::set<const void*> repacked_;               // device copies reordered (device_layout)
   size_t bytes_ = 0;
   int64_t shared_stacked_ = 0;
 };

@@ -157,6 +157,80 @@ struct Segs {
   StreamRope rope;
 };
 
+// Output row row0 + r of product seg of a decode launch (bounds checked), with the slot's
+// expert applied; first is sg.a[0] with select_slot applied, v the lanes' partial sums.
+// plain_path (launch-uniform, sg.plain): one-token KS 1 launches store a row pair every item
+// or two, without the Args epilogue (elsewhere the Args path's registers cost less than they
+// would here: ptxas put the four-token and KS > 1 kernels 8-24 registers up with this path,
+// some spilling).
+template <int NT>
+__device__ __forceinline__ void seg_store(const Segs& sg, const Args& first, bool plain_path, int seg, int64_t row0,
+                                          int r, const float (&v)[NT]) {
+  if (plain_path) {  // The same bits as final_value with scale 1 and no bias: epilogue's
+    // v * 1 + 0 is v + 0 (a -0 sum stored as +0).
+    // (Fields by value: a reference to `first` or sg.a would put `first` in local memory.)
+    float* const y = seg == 0 ? first.y : sg.a[seg].y;
+    const float* const res = seg == 0 ? first.residual : sg.a[seg].residual;
+    const int64_t ys = seg == 0 ? first.y_stride : sg.a[seg].y_stride, row = row0 + r;
+    const bool in = row < (seg == 0 ? first.n_out : sg.a[seg].n_out);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float sum = warp_sum(v[t]) + 0.0f;
+      if (threadIdx.x % 32 == 0 && in) y[t * ys + row] = res ? sum + res[t * ys + row] : sum;
+    }
+    return;
+  }
+  if (seg == 0) {
+    if (row0 + r < first.n_out) store_row<NT>(first, row0 + r, v);
+  } else if (row0 + r < sg.a[seg].n_out) {
+    Args a = sg.a[seg];
+    select_slot(a);
+    store_row<NT>(a, row0 + r, v);
+  }
+}
+
+// Rope (MatmulParams::rope; never experts): row pair row0 of product seg, its final values
+// (store_row's) rotated when the rows are a rotation pair (adjacent-pair RoPE: rows 2i, 2i + 1
+// of a head, 2i < n_rot; kSRows == 2 and even row0 make every pair one), stored, and appended
+// for k and v, as launch_rope after the products would: the same bits (rope_math.cuh). Lane t
+// takes token t; v as store_row takes it (lane partials, summed here).
+template <int NT>
+__device__ __forceinline__ void seg_store_rope(const Segs& sg, int seg, int64_t row0, const float (&v)[kSRows][NT]) {
+  static_assert(kSRows == 2, "a row pair is a rotation pair");
+  const int lane = threadIdx.x % 32;
+  float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float s0 = warp_sum(v[0][t]), s1 = warp_sum(v[1][t]);
+    if (lane == t) y0 = s0, y1 = s1;
+  }
+  const Args& a = sg.a[seg];
+  const StreamRope& rp = sg.rope;
+  const int t = lane;
+  if (t >= NT || row0 >= a.n_out) return;
+  const bool two = row0 + 1 < a.n_out;  // false only on an odd-width product (v), never rotated
+  y0 = final_value(a, row0, t, y0);
+  if (two) y1 = final_value(a, row0 + 1, t, y1);
+  const int64_t pos = *rp.pos + rp.t0 + t, i0 = row0 % rp.head_dim;
+  if (rp.rotate[seg] && i0 < rp.n_rot) {
+    const float2 r = rope_rotate(y0, y1, rope_cos_sin(rp.f, pos, i0 / 2));
+    y0 = r.x;
+    y1 = r.y;
+  }
+  // y, then (k, v) the mirror's and the staging rows.
+  float* out[3] = {a.y + t * a.y_stride + row0, nullptr, nullptr};
+  if (rp.mirror[seg]) {
+    out[1] = rp.mirror[seg] + pos * a.n_out + row0;
+    out[2] = rp.stage[seg] + (rp.t0 + t) * a.n_out + row0;
+  }
+#pragma unroll
+  for (float* o : out)
+    if (o) {
+      o[0] = y0;
+      if (two) o[1] = y1;
+    }
+}
+
 // KS warps of a block share a row pair (KS = 1, 2 or 4), each walking every KS-th chunk of
 // its rows, and their partial sums meet in shared memory. Why: ncu showed the 8B Q4_0 down
 // product (7 chunks a row) at 16 us even with its 33 MB in L2, at 24% occupancy: 2048 warps,
@@ -335,72 +409,10 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
       }
     }
   };
-  // Output row row0 + r of the pair's product (bounds checked), with the slot's expert applied.
   auto store = [&](int seg, int64_t row0, int r, const float (&v)[NT]) {
-    // One-token KS 1 launches store a row pair every item or two (elsewhere the Args path's
-    // registers cost less than they would here: ptxas put the four-token and KS > 1 kernels
-    // 8-24 registers up with this path, some spilling).
-    if (KS == 1 && NT == 1 && sg.plain) {  // launch-uniform. The same bits as final_value with
-      // scale 1 and no bias: epilogue's v * 1 + 0 is v + 0 (a -0 sum stored as +0).
-      // (Fields by value: a reference to `first` or sg.a would put `first` in local memory.)
-      float* const y = seg == 0 ? first.y : sg.a[seg].y;
-      const float* const res = seg == 0 ? first.residual : sg.a[seg].residual;
-      const int64_t ys = seg == 0 ? first.y_stride : sg.a[seg].y_stride, row = row0 + r;
-      const bool in = row < (seg == 0 ? first.n_out : sg.a[seg].n_out);
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const float sum = warp_sum(v[t]) + 0.0f;
-        if (lane == 0 && in) y[t * ys + row] = res ? sum + res[t * ys + row] : sum;
-      }
-      return;
-    }
-    if (seg == 0) {
-      if (row0 + r < first.n_out) store_row<NT>(first, row0 + r, v);
-    } else if (row0 + r < sg.a[seg].n_out) {
-      Args a = sg.a[seg];
-      select_slot(a);
-      store_row<NT>(a, row0 + r, v);
-    }
+    seg_store<NT>(sg, first, KS == 1 && NT == 1 && sg.plain, seg, row0, r, v);
   };
-  // Rope (MatmulParams::rope; never experts): the pair's final values (store_row's) rotated
-  // when the rows are a rotation pair (adjacent-pair RoPE: rows 2i, 2i + 1 of a head, 2i <
-  // n_rot; kSRows == 2 and even row0 make every pair one), stored, and appended for k and v,
-  // as launch_rope after the products would: the same bits (rope_math.cuh). Lane t takes
-  // token t; v as store_row takes it (lane partials, summed here).
-  auto store_rope = [&](int seg, int64_t row0, const float (&v)[kSRows][NT]) {
-    static_assert(kSRows == 2, "a row pair is a rotation pair");
-    float y0 = 0.0f, y1 = 0.0f;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float s0 = warp_sum(v[0][t]), s1 = warp_sum(v[1][t]);
-      if (lane == t) y0 = s0, y1 = s1;
-    }
-    const Args& a = sg.a[seg];
-    const StreamRope& rp = sg.rope;
-    const int t = lane;
-    if (t >= NT || row0 >= a.n_out) return;
-    const bool two = row0 + 1 < a.n_out;  // false only on an odd-width product (v), never rotated
-    y0 = final_value(a, row0, t, y0);
-    if (two) y1 = final_value(a, row0 + 1, t, y1);
-    const int64_t pos = *rp.pos + rp.t0 + t, i0 = row0 % rp.head_dim;
-    if (rp.rotate[seg] && i0 < rp.n_rot) {
-      const float2 r = rope_rotate(y0, y1, rope_cos_sin(rp.f, pos, i0 / 2));
-      y0 = r.x;
-      y1 = r.y;
-    }
-    // y, then (k, v) the mirror's and the staging rows.
-    float* out[3] = {a.y + t * a.y_stride + row0, nullptr, nullptr};
-    if (rp.mirror[seg]) {
-      out[1] = rp.mirror[seg] + pos * a.n_out + row0;
-      out[2] = rp.stage[seg] + (rp.t0 + t) * a.n_out + row0;
-    }
-#pragma unroll
-    for (float* o : out)
-      if (o) {
-        o[0] = y0;
-        if (two) o[1] = y1;
-      }
-  };
+  auto store_rope = [&](int seg, int64_t row0, const float (&v)[kSRows][NT]) { seg_store_rope<NT>(sg, seg, row0, v); };
   float acc[kSRows][NT];
 #pragma unroll
   for (int r = 0; r < kSRows; ++r)
@@ -507,6 +519,116 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
+// Q4_0 in the x8 layout (matmul.cuh, q4_0_x8_type), decode batches of NT tokens and expert
+// slots: one warp per row pair of the launch's products (Segs, the stream kernel's index space
+// and store), read straight into registers. Lane j takes blocks j, j + 32, ...: a block's
+// quants are one 16-byte load and its scale one 2-byte load, and the lanes' loads are
+// coalesced (8 lanes read a group's 128 bytes of quants). The stream kernel staged the same
+// bytes through shared memory (cp.async, a 2-byte aligned layout) and spent most of its
+// instructions on that staging and its bookkeeping, not on the dot: ~420 warp-instructions a
+// 2304-byte item against ~160 for the arithmetic (SASS, fourteenth session), issue-bound at
+// ~470 G a second (docs/gpu-notes.md). Here no staging, cursors or pipeline waits.
+// KB: blocks a lane loads per row and pass; MinB: the launch bound, blocks a SM (one token:
+// 8, 63 registers without spilling; four tokens take 96). Measured (H200, graph ms per
+// decode token, one call, alternating; tg128 in brackets): 8B Q4_0 as the stream kernel 2.041 /
+// 2.038 (466.5 / 473.2), KB 2 1.920 / 1.918 (499.7 / 502.1), KB 4 without a bound (88
+// registers) 1.983 / 1.984, KB 1 1.973 / 1.969; qwen3-30b-a3b Q4_0, 8 layers, 0.463 / 0.464,
+// 0.425 / 0.426, 0.461 / 0.460, 0.434 / 0.436. In ncu (4 layers, caches flushed) the 8B gate/up
+// reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
+// with three quarters of its instructions, and wo and the down average 10.6 us against the
+// stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
+template <int NT, bool Rope, int KB = 2, int MinB = NT == 1 ? 8 : 0>
+__global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, StagedAct x) {
+  Args first = sg.a[0];
+  // The slots' experts come from the routing kernel (as in the stream kernel).
+  if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
+  const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
+  {
+    const int64_t xr = select_slot(first);
+    x.q8 += xr * first.n_in;
+    x.d8 += xr * (first.n_in / 32);
+  }
+  const int lane = threadIdx.x % 32;
+  const int64_t g = int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32;
+  if (g >= sg.g_end[sg.n - 1]) return;  // warp-uniform; no barrier below
+  int seg = 0;
+  while (g >= sg.g_end[seg]) ++seg;
+  const int64_t row0 = (g - (seg > 0 ? sg.g_end[seg - 1] : 0)) * kSRows;
+  // (Fields by value, as the stream kernel's row_starts: a reference would put `first` in local memory.)
+  const uint8_t* const w = seg == 0 ? first.w : sg.a[seg].w + slot_e * sg.a[seg].expert_bytes;
+  const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
+  const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
+  static_assert(kSRows == 2, "rows[1] below");
+  constexpr int kGroup = BlockGeom<kQ4_0X8>::kBytes;
+  // Lane j's block of a pass is j + 32 k past the pass's first (a multiple of 32 blocks, so of
+  // groups): its quants at 18 b0 + 576 k + qj in the row, its scale likewise at dj. Constant
+  // k offsets fold into the loads' addresses.
+  const int qj = (lane / 8) * kGroup + 16 * (lane % 8), dj = (lane / 8) * kGroup + 128 + 2 * (lane % 8);
+  const uint8_t* rows[kSRows];
+  rows[0] = w + row0 * row_bytes;
+  rows[1] = row0 + 1 < n_out ? rows[0] + row_bytes : rows[0];  // a product's odd last row: computed twice, stored once
+  const int nb = static_cast<int>(first.n_in / 32);
+  constexpr int kPass = 32 * KB;  // blocks a pass
+  struct Pass {
+    int4 q[kSRows][KB];
+    unsigned short d[kSRows][KB];
+  };
+  auto load = [&](Pass& ps, int b0) {
+#pragma unroll
+    for (int k = 0; k < KB; ++k)
+      if (lane + 32 * k < nb - b0)
+#pragma unroll
+        for (int r = 0; r < kSRows; ++r) {
+          const uint8_t* at = rows[r] + 18 * b0 + (kGroup / 8) * 32 * k;
+          ps.q[r][k] = __ldg(reinterpret_cast<const int4*>(at + qj));
+          ps.d[r][k] = __ldg(reinterpret_cast<const unsigned short*>(at + dj));
+        }
+  };
+  float acc[kSRows][NT];
+#pragma unroll
+  for (int r = 0; r < kSRows; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  const int8_t* const xq = x.q8 + 32 * lane;
+  const float* const xd = x.d8 + lane;
+  auto compute = [&](const Pass& ps, int b0) {
+#pragma unroll
+    for (int k = 0; k < KB; ++k)
+      if (lane + 32 * k < nb - b0)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int4* xp = reinterpret_cast<const int4*>(xq + t * first.n_in + 32 * (b0 + 32 * k));
+          const int4 lo = xp[0], hi = xp[1];
+          const float dx = xd[t * nb + b0 + 32 * k];
+          const int xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
+#pragma unroll
+          for (int r = 0; r < kSRows; ++r) {
+            const int qw[4] = {ps.q[r][k].x, ps.q[r][k].y, ps.q[r][k].z, ps.q[r][k].w};
+            // ggml's vec_dot_q4_0_q8_0 order: one integer per block, scaled once.
+            const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
+            acc[r][t] += static_cast<float>(q4_0_idot(qw, lo, hi, -xs)) * (dw * dx);
+          }
+        }
+  };
+  // One pass in flight per warp: its loads, then its arithmetic. Two passes in flight (two
+  // register sets, each reloaded once computed, both loaded before the dependency wait) ran
+  // the 8B token slower: tg128 496.7-507.8 -> 478.2-482.0 (KB 1; H200, one call, alternating).
+  for (int b0 = 0; b0 < nb; b0 += kPass) {
+    Pass ps;
+    load(ps, b0);
+    // Weights are no kernel's output: the first pass's loads may overlap the kernel before
+    // (launch_dependent); x, y and the residual are read and written only after this.
+    if (b0 == 0) grid_dependency_wait();
+    compute(ps, b0);
+  }
+  if constexpr (Rope) {
+    seg_store_rope<NT>(sg, seg, row0, acc);
+  } else {
+#pragma unroll
+    for (int r = 0; r < kSRows; ++r) seg_store<NT>(sg, first, NT == 1 && sg.plain, seg, row0, r, acc[r]);
+  }
+}
+
 // MatmulParams::rope for the products ps[0, n) of one stream launch (launch_matmuls checked
 // it: matmul_can_rope); pos null when none carries it.
 StreamRope stream_rope(const MatmulParams* ps, int n) {
@@ -608,7 +730,9 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   if (!staged) {
     // Plain types without staging take matvec_kernel (dispatch); kQ4_0Pairs needs the staged
     // chunk's 4-byte alignment, and is only chosen with staged rows.
-    if constexpr (!Staged<T>::kPlain && T != kQ4_0Pairs) {
+    // kQ4_0X8 rows are whole groups of 144 bytes from an allocation's start: always staged.
+    FRINK_CUDA_CHECK(T != kQ4_0X8 ? cudaSuccess : cudaErrorInvalidValue);
+    if constexpr (!Staged<T>::kPlain && T != kQ4_0Pairs && T != kQ4_0X8) {
       for (int i = 0; i < n; ++i)
         launch_rows(ps[i], args_of(ps[i]), static_cast<unsigned>((ps[i].n_out + kSWarps - 1) / kSWarps),
                     [&](const Args& a, dim3 g, int64_t t0, bool four) {
@@ -636,13 +760,14 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // warps, each walking several row pairs with 3 stages: slower on every product but the
   // grouped q/k/v; each warp's arithmetic, not the number of loads in flight, was then the limit.)
   const int64_t n_chunks = (p.n_in / Staged<T>::kBlockElems + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
-  int ks = p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
+  // (The x8 kernel: one warp per row pair, whatever ksplit says.)
+  int ks = T == kQ4_0X8 ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
   // Four warps per row pair over more than one wave of resident blocks, where two warps per row
   // pair in three-stage blocks fit one: two (the 8B Q8_0 down, 2048 blocks of four warps
   // against ~1584 resident, and the BF16 wo and down). The same second, partial wave as for
   // the Q4_0 down (matvec_ksplit). Measured (H200, 8B tg128 graph, one call, alternating):
   // Q8_0 3.430 / 3.428 -> 3.343 / 3.337 ms, BF16 4.749 / 4.755 -> 4.624 / 4.608.
-  if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk)
+  if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk && T != kQ4_0X8)
     if (ks == 4 && p.ksplit == 0 && n_chunks >= kThreeStageMinChunks) {
       const int64_t r4 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 4, false>));
       const int64_t r2 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 2, false, 3>));
@@ -658,7 +783,9 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
-      if (ks == 1) {
+      if constexpr (T == kQ4_0X8) {
+        launch_dependent(matvec_x8_kernel<NT, R>, g, b, 0, p.stream, s, x);
+      } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
         // where two stages copied the second only after it. Measured (H200, 8B tg128 graph
@@ -727,6 +854,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
 FRINK_FOR_EACH_DEVICE_TYPE(FRINK_INST)
 #undef FRINK_INST
 template void matvec_stream_launch<kQ4_0>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ4_0X8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ5_K>(const MatmulParams*, int, const StagedAct&);

@@ -972,46 +972,63 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
 // 768 out, 8 experts a token) are cut to one wave whose warps walk a second row pair
 // (matvec.cu one_wave_x): each slot's rows still equal a plain product with its expert, bit
 // for bit. 8 to 24 slots put the grid (1536 to 4608 blocks) in (one wave, two] for any device
-// holding 768 to 3072 blocks at once (an H200: ~1320).
+// holding 768 to 3072 blocks at once (an H200: ~1320). The same for the x8 layout's kernel
+// (matvec_x8_kernel, one warp per row pair), and with a bias and expert scales on up.
 TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(67);
   const int64_t n_expert = 16, n_in = 2048, n_out = 768, k = 8;
   const GgmlType t = GgmlType::Q4_0;
   const size_t expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
-  Dev<uint8_t> dg(random_weights(rng, t, n_in, n_out * n_expert).bytes),
-      du(random_weights(rng, t, n_in, n_out * n_expert).bytes);
-  for (int c = 0; c < 6; ++c) {
-    const int64_t n_tok = 1 + c / 2;
-    const bool settled = c % 2 == 1;  // MatmulParams::slots_settled: the slots read before the wait
-    const int64_t n_slots = n_tok * k;
-    const auto x = random_floats(rng, n_tok * n_in);
-    std::vector<int32_t> ids(static_cast<size_t>(n_slots));
-    for (auto& e : ids) e = static_cast<int32_t>(rng() % n_expert);
-    Dev<float> dx(x), dact(x.size()), dyg(static_cast<size_t>(n_slots * n_out)),
-        dyu(static_cast<size_t>(n_slots * n_out)), dy1(static_cast<size_t>(n_out));
-    Dev<int32_t> dids(ids);
-    cuda::MatmulParams ps[2] = {mat_params(t, dg.p, n_in, n_out, dx.p, n_tok, dyg.p),
-                                mat_params(t, du.p, n_in, n_out, dx.p, n_tok, dyu.p)};
-    for (cuda::MatmulParams& p : ps) {
-      p.act_round = dact.p;
-      p.slot_expert = dids.p;
-      p.n_slots = n_slots;
-      p.x_div = k;
-      p.expert_bytes = expert_bytes;
-      p.slots_settled = settled;
-    }
-    cuda::launch_matmuls(ps, 2);
-    for (int i = 0; i < 2; ++i) {
-      const auto y = (i == 0 ? dyg : dyu).get();
-      for (int64_t s = 0; s < n_slots; ++s) {
-        const int32_t e = ids[static_cast<size_t>(s)];
-        cuda::MatmulParams q = mat_params(t, static_cast<const uint8_t*>(i == 0 ? dg.p : du.p) + e * expert_bytes,
-                                          n_in, n_out, dx.p + (s / k) * n_in, 1, dy1.p);
-        q.act_round = dact.p;
-        cuda::launch_matmul(q);
-        const std::vector<float> row(y.begin() + s * n_out, y.begin() + (s + 1) * n_out);
-        ASSERT_EQ(row, dy1.get()) << "product " << i << " slots " << n_slots << " slot " << s << " settled " << settled;
+  const auto gb = random_weights(rng, t, n_in, n_out * n_expert).bytes, ub = random_weights(rng, t, n_in, n_out * n_expert).bytes;
+  Dev<float> db(random_floats(rng, n_expert * n_out)), dsc(random_floats(rng, n_expert));
+  const auto sc = dsc.get();
+  // Q4_0 as the file holds it (the stream kernel) and as the device keeps it (q4_0_x8_type).
+  for (bool x8 : {false, true}) {
+    Dev<uint8_t> dg(gb), du(ub);
+    const int type = x8 ? to_q4_0_x8(dg.p, gb.size(), n_in) : static_cast<int>(t);
+    if (x8) to_q4_0_x8(du.p, ub.size(), n_in);
+    for (int c = 0; c < 6; ++c) {
+      const int64_t n_tok = 1 + c / 2;
+      const bool settled = c % 2 == 1;  // MatmulParams::slots_settled: the slots read before the wait
+      const int64_t n_slots = n_tok * k;
+      const auto x = random_floats(rng, n_tok * n_in);
+      std::vector<int32_t> ids(static_cast<size_t>(n_slots));
+      for (auto& e : ids) e = static_cast<int32_t>(rng() % n_expert);
+      Dev<float> dx(x), dact(x.size()), dyg(static_cast<size_t>(n_slots * n_out)),
+          dyu(static_cast<size_t>(n_slots * n_out)), dy1(static_cast<size_t>(n_out));
+      Dev<int32_t> dids(ids);
+      cuda::MatmulParams ps[2] = {mat_params(t, dg.p, n_in, n_out, dx.p, n_tok, dyg.p),
+                                  mat_params(t, du.p, n_in, n_out, dx.p, n_tok, dyu.p)};
+      for (cuda::MatmulParams& p : ps) {
+        p.type = type;
+        p.act_round = dact.p;
+        p.slot_expert = dids.p;
+        p.n_slots = n_slots;
+        p.x_div = k;
+        p.expert_bytes = expert_bytes;
+        p.slots_settled = settled;
+      }
+      ps[1].bias = db.p;  // the epilogue's path (the gate's is the plain store)
+      ps[1].expert_scale = dsc.p;
+      cuda::launch_matmuls(ps, 2);
+      for (int i = 0; i < 2; ++i) {
+        const auto y = (i == 0 ? dyg : dyu).get();
+        for (int64_t s = 0; s < n_slots; ++s) {
+          const int32_t e = ids[static_cast<size_t>(s)];
+          cuda::MatmulParams q = mat_params(t, static_cast<const uint8_t*>(i == 0 ? dg.p : du.p) + e * expert_bytes,
+                                            n_in, n_out, dx.p + (s / k) * n_in, 1, dy1.p);
+          q.type = type;
+          q.act_round = dact.p;
+          if (i == 1) {
+            q.bias = db.p + e * n_out;
+            q.scale = sc[static_cast<size_t>(e)];
+          }
+          cuda::launch_matmul(q);
+          const std::vector<float> row(y.begin() + s * n_out, y.begin() + (s + 1) * n_out);
+          ASSERT_EQ(row, dy1.get()) << "x8 " << x8 << " product " << i << " slots " << n_slots << " slot " << s
+                                    << " settled " << settled;
+        }
       }
     }
   }
@@ -1201,6 +1218,62 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
     for (size_t i = 0; i < ps.size(); ++i)
       EXPECT_EQ(ys_group[i]->get(), ys_alone[i]->get()) << ggml_type_name(t) << " product " << i << " ks " << ks;
   }
+}
+
+// Q4_0 kept as the device keeps rows of whole 8-block groups (matmul.cuh, q4_0_x8_type:
+// reordered in place) gives the host's product on every path that reads it: the x8 decode
+// kernel (one and four tokens, a bias, the residual, an odd last row pair, rows of 1 to 56
+// groups, so lanes whose blocks lie past a row's end), the generic kernel (no activation
+// rounding) and cuBLAS over dequantized tiles (12 tokens); bounds as
+// ActivationRoundingMatchesHostForEveryType's. (Expert slots: ExpertGridsOverOneWaveEqualPlainOnes.)
+TEST(CudaKernels, Q4_0X8MatchesHost) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(83);
+  cublasHandle_t blas;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  const GgmlType t = GgmlType::Q4_0;
+  struct C {
+    int64_t n_in, n_out, n_tok;
+    bool bias, residual, round;
+  };
+  const std::vector<C> cases = {{256, 9, 1, false, false, true},     {4096, 40, 5, true, false, true},
+                                {2304, 33, 4, false, true, true},     {14336, 24, 1, false, true, true},
+                                {768, 20001, 1, false, false, true},  {512, 37, 12, true, false, true},
+                                {4096, 17, 3, false, false, false},   {1024, 64, 8, false, false, true}};
+  for (const C& c : cases) {
+    const RandomWeights w = random_weights(rng, t, c.n_in, c.n_out);
+    const auto x = random_floats(rng, c.n_in * c.n_tok), res = random_floats(rng, c.n_out * c.n_tok);
+    std::vector<float> xr(x.size());
+    if (c.round) {
+      std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, c.n_in)));
+      for (int64_t tk = 0; tk < c.n_tok; ++tk) {
+        quantize_row(GgmlType::Q8_0, x.data() + tk * c.n_in, q.data(), c.n_in);
+        dequantize_row(GgmlType::Q8_0, q.data(), xr.data() + tk * c.n_in, c.n_in);
+      }
+    } else {
+      xr = x;
+    }
+    const std::vector<float> ones(static_cast<size_t>(c.n_out), 1.0f);
+    auto ref = reference_product(w.f, xr, c.n_in, c.n_out, c.n_tok, 1.0, c.bias ? ones.data() : nullptr);
+    if (c.residual)
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
+    Dev<uint8_t> dw(w.bytes);
+    Dev<float> dx(x), db(ones), dy(c.residual ? res : std::vector<float>(ref.size())), dact(x.size());
+    Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
+    cuda::MatmulParams p = mat_params(t, dw.p, c.n_in, c.n_out, dx.p, c.n_tok, dy.p);
+    p.type = to_q4_0_x8(dw.p, w.bytes.size(), c.n_in);
+    p.bias = c.bias ? db.p : nullptr;
+    p.residual = c.residual ? dy.p : nullptr;  // in place, as the backend adds it
+    p.blas = blas;
+    p.scratch = scratch.p;
+    p.scratch_elems = scratch.n;
+    p.act_round = c.round ? dact.p : nullptr;
+    cuda::launch_matmul(p);
+    const auto y = dy.get();
+    EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), c.n_tok <= cuda::kMatvecMaxTok ? 1e-9 : 1e-5)
+        << "n_in " << c.n_in << " n_out " << c.n_out << " n_tok " << c.n_tok;
+  }
+  cublasDestroy(blas);
 }
 
 // The weighted sum of the chosen experts' outputs (+ the gated shared expert, + residual in

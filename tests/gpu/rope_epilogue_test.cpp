@@ -68,12 +68,22 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
   const std::vector<C> cases = {{{4096, 8, 2, 128, 128}, true, false, true, 37},
                                 {{4096, 4, 2, 64, 32}, false, false, false, 5},
                                 {{4096, 4, 1, 64, 48}, false, true, true, 3001}};
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16})
+  // Q4_0 twice: as the file holds it and as the device keeps it (q4_0_x8_type), x8 last.
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16, GgmlType::Q4_0};
+  for (int ti = 0; ti < 5; ++ti)
     for (const C& c : cases) {
+      const GgmlType t = types[ti];
+      const bool x8 = ti == 4;
       const Shape& s = c.s;
       const int64_t q_w = s.n_head * s.head_dim, kv_w = s.n_head_kv * s.head_dim, cap = c.pos + 8;
-      Dev<uint8_t> wq(random_weight_row(rng, t, s.n_in * q_w)), wk(random_weight_row(rng, t, s.n_in * kv_w)),
-          wv(random_weight_row(rng, t, s.n_in * kv_w));
+      const auto bq = random_weight_row(rng, t, s.n_in * q_w), bk = random_weight_row(rng, t, s.n_in * kv_w),
+                 bv = random_weight_row(rng, t, s.n_in * kv_w);
+      Dev<uint8_t> wq(bq), wk(bk), wv(bv);
+      const int type = x8 ? to_q4_0_x8(wq.p, bq.size(), s.n_in) : static_cast<int>(t);
+      if (x8) {
+        to_q4_0_x8(wk.p, bk.size(), s.n_in);
+        to_q4_0_x8(wv.p, bv.size(), s.n_in);
+      }
       auto fb = random_floats(rng, s.n_rot / 2);
       for (float& f : fb) f = 1.0f + 3.0f * std::abs(f);  // divisors >= 1, as llama3's
       Dev<float> dff(fb), dbq(random_floats(rng, q_w)), dbk(random_floats(rng, kv_w)), dnw(random_floats(rng, s.n_in));
@@ -101,7 +111,10 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
               cuda::MatmulParams ps[3] = {product(t, wq.p, s, q_w, in, n_tok, dq.p, act.p),
                                           product(t, wk.p, s, kv_w, in, n_tok, dk.p, act.p),
                                           product(t, wv.p, s, kv_w, in, n_tok, dv.p, act.p)};
-              for (cuda::MatmulParams& p : ps) p.ksplit = ks;
+              for (cuda::MatmulParams& p : ps) {
+                p.ksplit = ks;
+                p.type = type;
+              }
               if (c.bias) {
                 ps[0].bias = dbq.p;
                 ps[1].bias = dbk.p;
@@ -131,7 +144,7 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
                                                      dmv.get(), dsk.get(), dsv.get()};
             };
             const auto sep = run(1), fused = run(2), plain = run(0);
-            const std::string where = std::string(ggml_type_name(t)) + " head_dim " + std::to_string(s.head_dim) +
+            const std::string where = std::string(ggml_type_name(t)) + (x8 ? " x8" : "") + " head_dim " + std::to_string(s.head_dim) +
                                       " n_rot " + std::to_string(s.n_rot) + " n_tok " + std::to_string(n_tok) +
                                       " ks " + std::to_string(ks) + " prep " + std::to_string(prep);
             const char* names[] = {"q", "k", "v", "mirror k", "mirror v", "staged k", "staged v"};
