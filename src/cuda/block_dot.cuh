@@ -49,9 +49,10 @@ template <> struct Staged<kF16> : StagedGeom<kF16, 512> {};
 // GGUF type, so an id no type has; Q4_0's geometry and activation.
 constexpr int kQ4_0Pairs = 1000 + kQ4_0;
 template <> struct Staged<kQ4_0Pairs> : StagedGeom<kQ4_0, 64> {};
-// kQ4_0X8 rows are read in place (matvec_x8_kernel), never staged: Q4_0's geometry for the
-// launch's arithmetic (blocks a row), the same bytes.
+// x8 rows are read in place (matvec_x8_kernel), never staged: their file type's geometry for
+// the launch's arithmetic (blocks a row), the same bytes.
 template <> struct Staged<kQ4_0X8> : StagedGeom<kQ4_0, 64> {};
+template <> struct Staged<kQ8_0X8> : StagedGeom<kQ8_0, 32> {};
 
 __device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
 

@@ -18,10 +18,11 @@ enum DevType : int {
   kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
   kBF16 = 30, kMXFP4 = 39,
-  // Q4_0 as the device keeps it where rows are whole groups of 8 blocks (q4_0_x8.cuh): no GGUF
-  // type, so an id none has.
-  kQ4_0X8 = 2000 + kQ4_0,
+  // Q4_0 and Q8_0 as the device keeps them where rows are whole groups of 8 blocks (matmul.cuh,
+  // x8_type): no GGUF types, so ids none has.
+  kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0,
 };
+template <int T> constexpr bool kIsX8 = T == kQ4_0X8 || T == kQ8_0X8;
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {
   const uint16_t bits = static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -71,8 +72,9 @@ template <> struct BlockGeom<kQ6_K> { static constexpr int kElems = 256, kBytes 
 template <> struct BlockGeom<kIQ4_NL> { static constexpr int kElems = 32, kBytes = 18; };
 template <> struct BlockGeom<kIQ4_XS> { static constexpr int kElems = 256, kBytes = 136; };
 template <> struct BlockGeom<kMXFP4> { static constexpr int kElems = 32, kBytes = 17; };
-// A group of 8 Q4_0 blocks: their 8 x 16 bytes of quants, then their 8 f16 scales.
+// A group of 8 Q4_0 / Q8_0 blocks: their 8 x 16 / 8 x 32 bytes of quants, then their 8 f16 scales.
 template <> struct BlockGeom<kQ4_0X8> { static constexpr int kElems = 256, kBytes = 144; };
+template <> struct BlockGeom<kQ8_0X8> { static constexpr int kElems = 256, kBytes = 272; };
 
 // Elements [32 s, 32 s + 32) of a quantized row.
 template <int T>
@@ -107,6 +109,10 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
         out[l + 16] = __fadd_rn(__fmul_rn(q1, d), m);
       }
     }
+  } else if constexpr (T == kQ8_0X8) {
+    const float d = h2f(b + 256 + 2 * j);
+#pragma unroll
+    for (int l = 0; l < 32; ++l) out[l] = static_cast<int8_t>(b[32 * j + l]) * d;
   } else if constexpr (T == kQ8_0) {
     const float d = h2f(b);
 #pragma unroll
@@ -235,6 +241,6 @@ __device__ __forceinline__ void plain8_at(const uint8_t* row, int64_t g, bool ve
 // matmul_supported() and the dispatch, so support and dispatch cannot disagree.
 #define FRINK_FOR_EACH_DEVICE_TYPE(F)                                                      \
   F(kF32) F(kF16) F(kBF16) F(kQ4_0) F(kQ4_1) F(kQ5_0) F(kQ5_1) F(kQ8_0) F(kQ2_K) F(kQ3_K) \
-  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8)
+  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8) F(kQ8_0X8)
 
 }  // namespace frink::cuda

@@ -322,12 +322,12 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
   return d;
 }
 
-// Q4_0 matrices of whole 8-block groups are reordered once, where they land (matmul.cuh,
-// q4_0_x8_type); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
+// Q4_0 and Q8_0 matrices of whole 8-block groups are reordered once, where they land (matmul.cuh,
+// x8_type); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
 int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_t n_in) {
-  const int t = q4_0_x8_type(type, n_in);
+  const int t = x8_type(type, n_in);
   if (t != type && repacked_.insert(d).second) {
-    repack_q4_0_x8(const_cast<void*>(d), n_bytes, nullptr);
+    repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
     FRINK_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // before any other stream reads it
   }
   return t;

@@ -519,10 +519,10 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
-// Q4_0 in the x8 layout (matmul.cuh, q4_0_x8_type), decode batches of NT tokens and expert
+// Q4_0 and Q8_0 in the x8 layout (matmul.cuh, x8_type), decode batches of NT tokens and expert
 // slots: one warp per row pair of the launch's products (Segs, the stream kernel's index space
 // and store), read straight into registers. Lane j takes blocks j, j + 32, ...: a block's
-// quants are one 16-byte load and its scale one 2-byte load, and the lanes' loads are
+// quants are one (Q4_0) or two (Q8_0) 16-byte loads and its scale one 2-byte load, and the lanes' loads are
 // coalesced (8 lanes read a group's 128 bytes of quants). The stream kernel staged the same
 // bytes through shared memory (cp.async, a 2-byte aligned layout) and spent most of its
 // instructions on that staging and its bookkeeping, not on the dot: ~420 warp-instructions a
@@ -533,12 +533,15 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
 // decode token, one call, alternating; tg128 in brackets): 8B Q4_0 as the stream kernel 2.041 /
 // 2.038 (466.5 / 473.2), KB 2 1.920 / 1.918 (499.7 / 502.1), KB 4 without a bound (88
 // registers) 1.983 / 1.984, KB 1 1.973 / 1.969; qwen3-30b-a3b Q4_0, 8 layers, 0.463 / 0.464,
-// 0.425 / 0.426, 0.461 / 0.460, 0.434 / 0.436. In ncu (4 layers, caches flushed) the 8B gate/up
+// 0.425 / 0.426, 0.461 / 0.460, 0.434 / 0.436. Q8_0 (KB 1, 59 registers; KB 2 spilled at the
+// bound): 8B graph 2.836 / 2.832 -> 2.656 / 2.656 (tg128 341.5 / 344.4 -> 365.3 / 364.0), KB 2
+// 2.990 / 2.983. In ncu (4 layers, caches flushed) the 8B gate/up
 // reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
-template <int NT, bool Rope, int KB = 2, int MinB = NT == 1 ? 8 : 0>
+template <int T, int NT, bool Rope, int KB = T == kQ4_0X8 ? 2 : 1, int MinB = NT == 1 ? 8 : 0>
 __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, StagedAct x) {
+  static_assert(kIsX8<T>, "x8 layouts only");
   Args first = sg.a[0];
   // The slots' experts come from the routing kernel (as in the stream kernel).
   if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
@@ -559,18 +562,19 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
   const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
   const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
   static_assert(kSRows == 2, "rows[1] below");
-  constexpr int kGroup = BlockGeom<kQ4_0X8>::kBytes;
-  // Lane j's block of a pass is j + 32 k past the pass's first (a multiple of 32 blocks, so of
-  // groups): its quants at 18 b0 + 576 k + qj in the row, its scale likewise at dj. Constant
-  // k offsets fold into the loads' addresses.
-  const int qj = (lane / 8) * kGroup + 16 * (lane % 8), dj = (lane / 8) * kGroup + 128 + 2 * (lane % 8);
+  constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8;  // 144 and 18 bytes (Q4_0), 272 and 34 (Q8_0)
+  constexpr int kQuant = kBlock - 2, kWords = kQuant / 16;          // a block's quants, in 16-byte words
+  // Lane j's block of a pass is j + 32 k past the pass's first b0 (a multiple of 32 blocks, so
+  // of groups): its quants at kBlock (b0 + 32 k) + qj in the row, its scale likewise at dj.
+  // Constant k offsets fold into the loads' addresses.
+  const int qj = (lane / 8) * kGroup + kQuant * (lane % 8), dj = (lane / 8) * kGroup + 8 * kQuant + 2 * (lane % 8);
   const uint8_t* rows[kSRows];
   rows[0] = w + row0 * row_bytes;
   rows[1] = row0 + 1 < n_out ? rows[0] + row_bytes : rows[0];  // a product's odd last row: computed twice, stored once
   const int nb = static_cast<int>(first.n_in / 32);
   constexpr int kPass = 32 * KB;  // blocks a pass
   struct Pass {
-    int4 q[kSRows][KB];
+    int4 q[kSRows][KB][kWords];
     unsigned short d[kSRows][KB];
   };
   auto load = [&](Pass& ps, int b0) {
@@ -579,8 +583,9 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
       if (lane + 32 * k < nb - b0)
 #pragma unroll
         for (int r = 0; r < kSRows; ++r) {
-          const uint8_t* at = rows[r] + 18 * b0 + (kGroup / 8) * 32 * k;
-          ps.q[r][k] = __ldg(reinterpret_cast<const int4*>(at + qj));
+          const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
+#pragma unroll
+          for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = __ldg(reinterpret_cast<const int4*>(at + qj) + i);
           ps.d[r][k] = __ldg(reinterpret_cast<const unsigned short*>(at + dj));
         }
   };
@@ -600,13 +605,25 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
           const int4* xp = reinterpret_cast<const int4*>(xq + t * first.n_in + 32 * (b0 + 32 * k));
           const int4 lo = xp[0], hi = xp[1];
           const float dx = xd[t * nb + b0 + 32 * k];
-          const int xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
+          [[maybe_unused]] int xs = 0;
+          if constexpr (T == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
 #pragma unroll
           for (int r = 0; r < kSRows; ++r) {
-            const int qw[4] = {ps.q[r][k].x, ps.q[r][k].y, ps.q[r][k].z, ps.q[r][k].w};
-            // ggml's vec_dot_q4_0_q8_0 order: one integer per block, scaled once.
+            // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
             const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
-            acc[r][t] += static_cast<float>(q4_0_idot(qw, lo, hi, -xs)) * (dw * dx);
+            const int4* q = ps.q[r][k];
+            int sum;
+            if constexpr (T == kQ4_0X8) {
+              const int qw[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
+              sum = q4_0_idot(qw, lo, hi, -xs);
+            } else {
+              const int qw[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
+              const int xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+              sum = 0;
+#pragma unroll
+              for (int m = 0; m < 8; ++m) sum = __dp4a(qw[m], xw[m], sum);
+            }
+            acc[r][t] += static_cast<float>(sum) * (dw * dx);
           }
         }
   };
@@ -730,9 +747,9 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   if (!staged) {
     // Plain types without staging take matvec_kernel (dispatch); kQ4_0Pairs needs the staged
     // chunk's 4-byte alignment, and is only chosen with staged rows.
-    // kQ4_0X8 rows are whole groups of 144 bytes from an allocation's start: always staged.
-    FRINK_CUDA_CHECK(T != kQ4_0X8 ? cudaSuccess : cudaErrorInvalidValue);
-    if constexpr (!Staged<T>::kPlain && T != kQ4_0Pairs && T != kQ4_0X8) {
+    // x8 rows are whole groups of 144 or 272 bytes from an allocation's start: always staged.
+    FRINK_CUDA_CHECK(!kIsX8<T> ? cudaSuccess : cudaErrorInvalidValue);
+    if constexpr (!Staged<T>::kPlain && T != kQ4_0Pairs && !kIsX8<T>) {
       for (int i = 0; i < n; ++i)
         launch_rows(ps[i], args_of(ps[i]), static_cast<unsigned>((ps[i].n_out + kSWarps - 1) / kSWarps),
                     [&](const Args& a, dim3 g, int64_t t0, bool four) {
@@ -761,13 +778,13 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // grouped q/k/v; each warp's arithmetic, not the number of loads in flight, was then the limit.)
   const int64_t n_chunks = (p.n_in / Staged<T>::kBlockElems + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
   // (The x8 kernel: one warp per row pair, whatever ksplit says.)
-  int ks = T == kQ4_0X8 ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
+  int ks = kIsX8<T> ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
   // Four warps per row pair over more than one wave of resident blocks, where two warps per row
   // pair in three-stage blocks fit one: two (the 8B Q8_0 down, 2048 blocks of four warps
   // against ~1584 resident, and the BF16 wo and down). The same second, partial wave as for
   // the Q4_0 down (matvec_ksplit). Measured (H200, 8B tg128 graph, one call, alternating):
   // Q8_0 3.430 / 3.428 -> 3.343 / 3.337 ms, BF16 4.749 / 4.755 -> 4.624 / 4.608.
-  if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk && T != kQ4_0X8)
+  if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk && !kIsX8<T>)
     if (ks == 4 && p.ksplit == 0 && n_chunks >= kThreeStageMinChunks) {
       const int64_t r4 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 4, false>));
       const int64_t r2 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 2, false, 3>));
@@ -783,8 +800,8 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
-      if constexpr (T == kQ4_0X8) {
-        launch_dependent(matvec_x8_kernel<NT, R>, g, b, 0, p.stream, s, x);
+      if constexpr (kIsX8<T>) {
+        launch_dependent(matvec_x8_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
@@ -855,6 +872,7 @@ FRINK_FOR_EACH_DEVICE_TYPE(FRINK_INST)
 #undef FRINK_INST
 template void matvec_stream_launch<kQ4_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_0X8>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ8_0X8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ5_K>(const MatmulParams*, int, const StagedAct&);

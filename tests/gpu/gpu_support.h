@@ -104,14 +104,15 @@ inline cuda::MatmulParams mat_params(GgmlType t, const void* w, int64_t n_in, in
   return p;
 }
 
-// Q4_0 rows at w (n_bytes on the device, rows of whole 8-block groups) reordered in place
-// as the device keeps them (matmul.cuh, q4_0_x8_type); returns the type id products of them take.
-inline int to_q4_0_x8(void* w, size_t n_bytes, int64_t n_in) {
-  cuda::repack_q4_0_x8(w, n_bytes, nullptr);
+// Rows of type t (Q4_0 or Q8_0) at w (n_bytes on the device, rows of whole 8-block groups)
+// reordered in place as the device keeps them (matmul.cuh, x8_type); returns the type id
+// products of them take.
+inline int to_x8(GgmlType t, void* w, size_t n_bytes, int64_t n_in) {
+  cuda::repack_x8(static_cast<int>(t), w, n_bytes, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const int t = cuda::q4_0_x8_type(static_cast<int>(GgmlType::Q4_0), n_in);
-  EXPECT_NE(t, static_cast<int>(GgmlType::Q4_0));
-  return t;
+  const int x8 = cuda::x8_type(static_cast<int>(t), n_in);
+  EXPECT_NE(x8, static_cast<int>(t));
+  return x8;
 }
 
 // RoPE over q [n_tok][n_head * head_dim] and k [n_tok][n_head_kv * head_dim] at device

@@ -983,11 +983,11 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
   const auto gb = random_weights(rng, t, n_in, n_out * n_expert).bytes, ub = random_weights(rng, t, n_in, n_out * n_expert).bytes;
   Dev<float> db(random_floats(rng, n_expert * n_out)), dsc(random_floats(rng, n_expert));
   const auto sc = dsc.get();
-  // Q4_0 as the file holds it (the stream kernel) and as the device keeps it (q4_0_x8_type).
+  // Q4_0 as the file holds it (the stream kernel) and as the device keeps it (x8_type).
   for (bool x8 : {false, true}) {
     Dev<uint8_t> dg(gb), du(ub);
-    const int type = x8 ? to_q4_0_x8(dg.p, gb.size(), n_in) : static_cast<int>(t);
-    if (x8) to_q4_0_x8(du.p, ub.size(), n_in);
+    const int type = x8 ? to_x8(t, dg.p, gb.size(), n_in) : static_cast<int>(t);
+    if (x8) to_x8(t, du.p, ub.size(), n_in);
     for (int c = 0; c < 6; ++c) {
       const int64_t n_tok = 1 + c / 2;
       const bool settled = c % 2 == 1;  // MatmulParams::slots_settled: the slots read before the wait
@@ -1220,18 +1220,17 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
   }
 }
 
-// Q4_0 kept as the device keeps rows of whole 8-block groups (matmul.cuh, q4_0_x8_type:
-// reordered in place) gives the host's product on every path that reads it: the x8 decode
+// Q4_0 and Q8_0 kept as the device keeps rows of whole 8-block groups (matmul.cuh, x8_type:
+// reordered in place) give the host's product on every path that reads them: the x8 decode
 // kernel (one and four tokens, a bias, the residual, an odd last row pair, rows of 1 to 56
 // groups, so lanes whose blocks lie past a row's end), the generic kernel (no activation
 // rounding) and cuBLAS over dequantized tiles (12 tokens); bounds as
 // ActivationRoundingMatchesHostForEveryType's. (Expert slots: ExpertGridsOverOneWaveEqualPlainOnes.)
-TEST(CudaKernels, Q4_0X8MatchesHost) {
+TEST(CudaKernels, X8LayoutsMatchHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(83);
   cublasHandle_t blas;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
-  const GgmlType t = GgmlType::Q4_0;
   struct C {
     int64_t n_in, n_out, n_tok;
     bool bias, residual, round;
@@ -1240,38 +1239,40 @@ TEST(CudaKernels, Q4_0X8MatchesHost) {
                                 {2304, 33, 4, false, true, true},     {14336, 24, 1, false, true, true},
                                 {768, 20001, 1, false, false, true},  {512, 37, 12, true, false, true},
                                 {4096, 17, 3, false, false, false},   {1024, 64, 8, false, false, true}};
-  for (const C& c : cases) {
-    const RandomWeights w = random_weights(rng, t, c.n_in, c.n_out);
-    const auto x = random_floats(rng, c.n_in * c.n_tok), res = random_floats(rng, c.n_out * c.n_tok);
-    std::vector<float> xr(x.size());
-    if (c.round) {
-      std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, c.n_in)));
-      for (int64_t tk = 0; tk < c.n_tok; ++tk) {
-        quantize_row(GgmlType::Q8_0, x.data() + tk * c.n_in, q.data(), c.n_in);
-        dequantize_row(GgmlType::Q8_0, q.data(), xr.data() + tk * c.n_in, c.n_in);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+    for (const C& c : cases) {
+      const RandomWeights w = random_weights(rng, t, c.n_in, c.n_out);
+      const auto x = random_floats(rng, c.n_in * c.n_tok), res = random_floats(rng, c.n_out * c.n_tok);
+      std::vector<float> xr(x.size());
+      if (c.round) {
+        std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, c.n_in)));
+        for (int64_t tk = 0; tk < c.n_tok; ++tk) {
+          quantize_row(GgmlType::Q8_0, x.data() + tk * c.n_in, q.data(), c.n_in);
+          dequantize_row(GgmlType::Q8_0, q.data(), xr.data() + tk * c.n_in, c.n_in);
+        }
+      } else {
+        xr = x;
       }
-    } else {
-      xr = x;
+      const std::vector<float> ones(static_cast<size_t>(c.n_out), 1.0f);
+      auto ref = reference_product(w.f, xr, c.n_in, c.n_out, c.n_tok, 1.0, c.bias ? ones.data() : nullptr);
+      if (c.residual)
+        for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
+      Dev<uint8_t> dw(w.bytes);
+      Dev<float> dx(x), db(ones), dy(c.residual ? res : std::vector<float>(ref.size())), dact(x.size());
+      Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
+      cuda::MatmulParams p = mat_params(t, dw.p, c.n_in, c.n_out, dx.p, c.n_tok, dy.p);
+      p.type = to_x8(t, dw.p, w.bytes.size(), c.n_in);
+      p.bias = c.bias ? db.p : nullptr;
+      p.residual = c.residual ? dy.p : nullptr;  // in place, as the backend adds it
+      p.blas = blas;
+      p.scratch = scratch.p;
+      p.scratch_elems = scratch.n;
+      p.act_round = c.round ? dact.p : nullptr;
+      cuda::launch_matmul(p);
+      const auto y = dy.get();
+      EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), c.n_tok <= cuda::kMatvecMaxTok ? 1e-9 : 1e-5)
+          << ggml_type_name(t) << " n_in " << c.n_in << " n_out " << c.n_out << " n_tok " << c.n_tok;
     }
-    const std::vector<float> ones(static_cast<size_t>(c.n_out), 1.0f);
-    auto ref = reference_product(w.f, xr, c.n_in, c.n_out, c.n_tok, 1.0, c.bias ? ones.data() : nullptr);
-    if (c.residual)
-      for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
-    Dev<uint8_t> dw(w.bytes);
-    Dev<float> dx(x), db(ones), dy(c.residual ? res : std::vector<float>(ref.size())), dact(x.size());
-    Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
-    cuda::MatmulParams p = mat_params(t, dw.p, c.n_in, c.n_out, dx.p, c.n_tok, dy.p);
-    p.type = to_q4_0_x8(dw.p, w.bytes.size(), c.n_in);
-    p.bias = c.bias ? db.p : nullptr;
-    p.residual = c.residual ? dy.p : nullptr;  // in place, as the backend adds it
-    p.blas = blas;
-    p.scratch = scratch.p;
-    p.scratch_elems = scratch.n;
-    p.act_round = c.round ? dact.p : nullptr;
-    cuda::launch_matmul(p);
-    const auto y = dy.get();
-    EXPECT_LT(nmse(y.data(), ref.data(), ref.size()), c.n_tok <= cuda::kMatvecMaxTok ? 1e-9 : 1e-5)
-        << "n_in " << c.n_in << " n_out " << c.n_out << " n_tok " << c.n_tok;
   }
   cublasDestroy(blas);
 }

@@ -68,21 +68,21 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
   const std::vector<C> cases = {{{4096, 8, 2, 128, 128}, true, false, true, 37},
                                 {{4096, 4, 2, 64, 32}, false, false, false, 5},
                                 {{4096, 4, 1, 64, 48}, false, true, true, 3001}};
-  // Q4_0 twice: as the file holds it and as the device keeps it (q4_0_x8_type), x8 last.
-  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16, GgmlType::Q4_0};
-  for (int ti = 0; ti < 5; ++ti)
+  // Q4_0 and Q8_0 twice: as the file holds them and as the device keeps them (x8_type), x8 last.
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q8_0};
+  for (int ti = 0; ti < 6; ++ti)
     for (const C& c : cases) {
       const GgmlType t = types[ti];
-      const bool x8 = ti == 4;
+      const bool x8 = ti >= 4;
       const Shape& s = c.s;
       const int64_t q_w = s.n_head * s.head_dim, kv_w = s.n_head_kv * s.head_dim, cap = c.pos + 8;
       const auto bq = random_weight_row(rng, t, s.n_in * q_w), bk = random_weight_row(rng, t, s.n_in * kv_w),
                  bv = random_weight_row(rng, t, s.n_in * kv_w);
       Dev<uint8_t> wq(bq), wk(bk), wv(bv);
-      const int type = x8 ? to_q4_0_x8(wq.p, bq.size(), s.n_in) : static_cast<int>(t);
+      const int type = x8 ? to_x8(t, wq.p, bq.size(), s.n_in) : static_cast<int>(t);
       if (x8) {
-        to_q4_0_x8(wk.p, bk.size(), s.n_in);
-        to_q4_0_x8(wv.p, bv.size(), s.n_in);
+        to_x8(t, wk.p, bk.size(), s.n_in);
+        to_x8(t, wv.p, bv.size(), s.n_in);
       }
       auto fb = random_floats(rng, s.n_rot / 2);
       for (float& f : fb) f = 1.0f + 3.0f * std::abs(f);  // divisors >= 1, as llama3's
