@@ -53,6 +53,7 @@ template <> struct Staged<kQ4_0Pairs> : StagedGeom<kQ4_0, 64> {};
 // the launch's arithmetic (blocks a row), the same bytes.
 template <> struct Staged<kQ4_0X8> : StagedGeom<kQ4_0, 64> {};
 template <> struct Staged<kQ8_0X8> : StagedGeom<kQ8_0, 32> {};
+template <> struct Staged<kQ4_KX8> : StagedGeom<kQ4_K, 8> {};
 
 __device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
 
@@ -224,6 +225,39 @@ struct LaneDot<kQ8_0> {
   }
 };
 
+// Q4_K (and Q5_K) arithmetic per lane of a group: the lane takes group g of a super-block
+// (qs bytes [32 g, 32 g + 32): the low nibbles are sub-block 2 g, the high ones 2 g + 1).
+// q4k_half_dot: 16 of those bytes qv (plus Q5_K's fifth bits lb / hb, as 16 in a byte) dotted
+// with the sub-blocks' activation pieces xlo / xhi into lo / hi.
+__device__ __forceinline__ void q4k_half_dot(const int4& qv, const int4& lb, const int4& hb, const int4& xlo,
+                                             const int4& xhi, int& lo, int& hi) {
+  lo = __dp4a((qv.x & 0x0F0F0F0F) | lb.x, xlo.x, lo);
+  hi = __dp4a(((qv.x >> 4) & 0x0F0F0F0F) | hb.x, xhi.x, hi);
+  lo = __dp4a((qv.y & 0x0F0F0F0F) | lb.y, xlo.y, lo);
+  hi = __dp4a(((qv.y >> 4) & 0x0F0F0F0F) | hb.y, xhi.y, hi);
+  lo = __dp4a((qv.z & 0x0F0F0F0F) | lb.z, xlo.z, lo);
+  hi = __dp4a(((qv.z >> 4) & 0x0F0F0F0F) | hb.z, xhi.z, hi);
+  lo = __dp4a((qv.w & 0x0F0F0F0F) | lb.w, xlo.w, lo);
+  hi = __dp4a(((qv.w >> 4) & 0x0F0F0F0F) | hb.w, xhi.w, hi);
+}
+
+// The super-block's contribution through group g: header hd (words: d | dmin, then scale
+// bytes 0-3, 4-7, 8-11), the group's integer dots s_lo / s_hi, the activation's scale dx and
+// its sums xs0 / xs1 over the two sub-blocks. Sub-block j < 4: scale = byte j & 63, min = byte
+// 4 + j & 63; j >= 4: the low (scale) or high (min) nibble of byte 4 + j, over the top two bits
+// of byte j - 4 (scale) or j (min). All eight of each as bytes of two words, then this lane's
+// pair (2 g, 2 g + 1). The host's vec_dot_q4_K_q8_K terms: d dx sum(sc s) - dmin dx sum(m xs).
+__device__ __forceinline__ float q4k_group_value(const uint4& hd, int g, int s_lo, int s_hi, float dx, int xs0, int xs1) {
+  const uint32_t sc_w = g < 2 ? hd.y & 0x3F3F3F3Fu : (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+  const uint32_t m_w = g < 2 ? hd.z & 0x3F3F3F3Fu : ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+  const int sh = 16 * (g & 1);
+  const int sc0 = (sc_w >> sh) & 0xFF, sc1 = (sc_w >> (sh + 8)) & 0xFF;
+  const int m0 = (m_w >> sh) & 0xFF, m1 = (m_w >> (sh + 8)) & 0xFF;
+  const float dw = __half2float(__ushort_as_half(static_cast<unsigned short>(hd.x & 0xFFFFu)));
+  const float dminw = __half2float(__ushort_as_half(static_cast<unsigned short>(hd.x >> 16)));
+  return (dx * dw) * static_cast<float>(sc0 * s_lo + sc1 * s_hi) - (dx * dminw) * static_cast<float>(m0 * xs0 + m1 * xs1);
+}
+
 // Blocks [b0, b0 + nb) of R rows whose bytes start at s + r * rs (shared memory for the
 // staged kernel, the row itself for the direct one), into acc[r] (NT activation rows): the
 // host's vec_dot_q4_0_q8_0 / q8_0_q8_0 / q4_K_q8_K / q6_K_q8_K arithmetic (integer dots per
@@ -344,39 +378,14 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
                            ((qh.z >> (2 * g + 1)) & 0x01010101) << 4, ((qh.w >> (2 * g + 1)) & 0x01010101) << 4);
           }
 #pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            int lo = s_lo[r][t], hi = s_hi[r][t];
-            lo = __dp4a((qv.x & 0x0F0F0F0F) | lb.x, xlo[t].x, lo);
-            hi = __dp4a(((qv.x >> 4) & 0x0F0F0F0F) | hb.x, xhi[t].x, hi);
-            lo = __dp4a((qv.y & 0x0F0F0F0F) | lb.y, xlo[t].y, lo);
-            hi = __dp4a(((qv.y >> 4) & 0x0F0F0F0F) | hb.y, xhi[t].y, hi);
-            lo = __dp4a((qv.z & 0x0F0F0F0F) | lb.z, xlo[t].z, lo);
-            hi = __dp4a(((qv.z >> 4) & 0x0F0F0F0F) | hb.z, xhi[t].z, hi);
-            lo = __dp4a((qv.w & 0x0F0F0F0F) | lb.w, xlo[t].w, lo);
-            hi = __dp4a(((qv.w >> 4) & 0x0F0F0F0F) | hb.w, xhi[t].w, hi);
-            s_lo[r][t] = lo;
-            s_hi[r][t] = hi;
-          }
+          for (int t = 0; t < NT; ++t) q4k_half_dot(qv, lb, hb, xlo[t], xhi[t], s_lo[r][t], s_hi[r][t]);
         }
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        // Header words: d | dmin, then scale bytes 0-3, 4-7, 8-11. Sub-block j < 4: scale =
-        // byte j & 63, min = byte 4 + j & 63; j >= 4: the low (scale) or high (min) nibble of
-        // byte 4 + j, over the top two bits of byte j - 4 (scale) or j (min). All eight of each
-        // as bytes of two words, then this lane's pair (2 g, 2 g + 1).
         const uint4 hd = *reinterpret_cast<const uint4*>(s + r * rs + i * kBytes);
-        const uint32_t sc_w = g < 2 ? hd.y & 0x3F3F3F3Fu : (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
-        const uint32_t m_w = g < 2 ? hd.z & 0x3F3F3F3Fu : ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
-        const int sh = 16 * (g & 1);
-        const int sc0 = (sc_w >> sh) & 0xFF, sc1 = (sc_w >> (sh + 8)) & 0xFF;
-        const int m0 = (m_w >> sh) & 0xFF, m1 = (m_w >> (sh + 8)) & 0xFF;
-        const float dw = __half2float(__ushort_as_half(static_cast<unsigned short>(hd.x & 0xFFFFu)));
-        const float dminw = __half2float(__ushort_as_half(static_cast<unsigned short>(hd.x >> 16)));
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-          acc[r][t] += (dx[t] * dw) * static_cast<float>(sc0 * s_lo[r][t] + sc1 * s_hi[r][t]) -
-                       (dx[t] * dminw) * static_cast<float>(m0 * xs0[t] + m1 * xs1[t]);
+        for (int t = 0; t < NT; ++t) acc[r][t] += q4k_group_value(hd, g, s_lo[r][t], s_hi[r][t], dx[t], xs0[t], xs1[t]);
       }
     }
   } else if constexpr (T == kQ6_K) {

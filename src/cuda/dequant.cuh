@@ -18,11 +18,11 @@ enum DevType : int {
   kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
   kBF16 = 30, kMXFP4 = 39,
-  // Q4_0 and Q8_0 as the device keeps them where rows are whole groups of 8 blocks (matmul.cuh,
-  // x8_type): no GGUF types, so ids none has.
-  kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0,
+  // Q4_0, Q8_0 and Q4_K as the device keeps them where rows are whole groups of 8 blocks
+  // (matmul.cuh, x8_type): no GGUF types, so ids none has.
+  kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0, kQ4_KX8 = 2000 + kQ4_K,
 };
-template <int T> constexpr bool kIsX8 = T == kQ4_0X8 || T == kQ8_0X8;
+template <int T> constexpr bool kIsX8 = T == kQ4_0X8 || T == kQ8_0X8 || T == kQ4_KX8;
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {
   const uint16_t bits = static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -75,6 +75,10 @@ template <> struct BlockGeom<kMXFP4> { static constexpr int kElems = 32, kBytes 
 // A group of 8 Q4_0 / Q8_0 blocks: their 8 x 16 / 8 x 32 bytes of quants, then their 8 f16 scales.
 template <> struct BlockGeom<kQ4_0X8> { static constexpr int kElems = 256, kBytes = 144; };
 template <> struct BlockGeom<kQ8_0X8> { static constexpr int kElems = 256, kBytes = 272; };
+// A tile of 8 Q4_K super-blocks: their 16-byte headers (d, dmin, 12 scale bytes), then the
+// quants in two halves: half h holds, for super-block s and group g (qs bytes [32 g, 32 g + 32)),
+// bytes [32 g + 16 h, + 16) at 128 + 512 h + 64 s + 16 g.
+template <> struct BlockGeom<kQ4_KX8> { static constexpr int kElems = 2048, kBytes = 1152; };
 
 // Elements [32 s, 32 s + 32) of a quantized row.
 template <int T>
@@ -146,6 +150,19 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
 #pragma unroll
       for (int l = 16 * sub; l < 16 * sub + 16; ++l)
         out[l] = dl * (((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+    }
+  } else if constexpr (T == kQ4_KX8) {
+    // Sub-block j % 8 of super-block j / 8: group g = j % 8 / 2, low (even) or high nibbles.
+    const int sb = j / 8, jj = j % 8, g = jj / 2, sh = (jj % 2) * 4;
+    const uint8_t* hd = b + 16 * sb;
+    const float d = h2f(hd), dmin = h2f(hd + 2);
+    int sc, mn;
+    scale_min_k4(jj, hd + 4, sc, mn);
+    const float d1 = d * sc, m1 = dmin * mn;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const int q = (b[128 + 512 * (l / 16) + 64 * sb + 16 * g + l % 16] >> sh) & 0xF;
+      out[l] = __fsub_rn(__fmul_rn(d1, q), m1);
     }
   } else if constexpr (T == kQ4_K || T == kQ5_K) {
     const float d = h2f(b), dmin = h2f(b + 2);
@@ -241,6 +258,6 @@ __device__ __forceinline__ void plain8_at(const uint8_t* row, int64_t g, bool ve
 // matmul_supported() and the dispatch, so support and dispatch cannot disagree.
 #define FRINK_FOR_EACH_DEVICE_TYPE(F)                                                      \
   F(kF32) F(kF16) F(kBF16) F(kQ4_0) F(kQ4_1) F(kQ5_0) F(kQ5_1) F(kQ8_0) F(kQ2_K) F(kQ3_K) \
-  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8) F(kQ8_0X8)
+  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8) F(kQ8_0X8) F(kQ4_KX8)
 
 }  // namespace frink::cuda

@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
-// Q4_0 and Q8_0 in the x8 layout (matmul.cuh, x8_type), decode batches of NT tokens and expert
+// Q4_0, Q8_0 and Q4_K in the x8 layouts (matmul.cuh, x8_type), decode batches of NT tokens and expert
 // slots: one warp per row pair of the launch's products (Segs, the stream kernel's index space
 // and store), read straight into registers. Lane j takes blocks j, j + 32, ...: a block's
 // quants are one (Q4_0) or two (Q8_0) 16-byte loads and its scale one 2-byte load, and the lanes' loads are
@@ -548,8 +548,12 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
   const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
   {
     const int64_t xr = select_slot(first);
-    x.q8 += xr * first.n_in;
-    x.d8 += xr * (first.n_in / 32);
+    if constexpr (T == kQ4_KX8) {
+      x.q8k = x.q8k.at_row(xr, first.n_in);
+    } else {
+      x.q8 += xr * first.n_in;
+      x.d8 += xr * (first.n_in / 32);
+    }
   }
   const int lane = threadIdx.x % 32;
   const int64_t g = int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32;
@@ -562,81 +566,122 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
   const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
   const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
   static_assert(kSRows == 2, "rows[1] below");
-  constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8;  // 144 and 18 bytes (Q4_0), 272 and 34 (Q8_0)
-  constexpr int kQuant = kBlock - 2, kWords = kQuant / 16;          // a block's quants, in 16-byte words
-  // Lane j's block of a pass is j + 32 k past the pass's first b0 (a multiple of 32 blocks, so
-  // of groups): its quants at kBlock (b0 + 32 k) + qj in the row, its scale likewise at dj.
-  // Constant k offsets fold into the loads' addresses.
-  const int qj = (lane / 8) * kGroup + kQuant * (lane % 8), dj = (lane / 8) * kGroup + 8 * kQuant + 2 * (lane % 8);
   const uint8_t* rows[kSRows];
   rows[0] = w + row0 * row_bytes;
   rows[1] = row0 + 1 < n_out ? rows[0] + row_bytes : rows[0];  // a product's odd last row: computed twice, stored once
-  const int nb = static_cast<int>(first.n_in / 32);
-  constexpr int kPass = 32 * KB;  // blocks a pass
-  struct Pass {
-    int4 q[kSRows][KB][kWords];
-    unsigned short d[kSRows][KB];
-  };
-  auto load = [&](Pass& ps, int b0) {
-#pragma unroll
-    for (int k = 0; k < KB; ++k)
-      if (lane + 32 * k < nb - b0)
-#pragma unroll
-        for (int r = 0; r < kSRows; ++r) {
-          const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
-#pragma unroll
-          for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = __ldg(reinterpret_cast<const int4*>(at + qj) + i);
-          ps.d[r][k] = __ldg(reinterpret_cast<const unsigned short*>(at + dj));
-        }
-  };
   float acc[kSRows][NT];
 #pragma unroll
   for (int r = 0; r < kSRows; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-  const int8_t* const xq = x.q8 + 32 * lane;
-  const float* const xd = x.d8 + lane;
-  auto compute = [&](const Pass& ps, int b0) {
+  if constexpr (T == kQ4_KX8) {
+    // Lane j takes super-block j / 4 of each tile (8 super-blocks, 2048 elements) and group
+    // j % 4 in it, as blocks_dot's Q4_K branch does (4 lanes a super-block, the same sums in
+    // the same order); the tile's layout (dequant.cuh) makes its header loads one 128-byte run
+    // and each half of its quants 512 contiguous bytes.
+    constexpr int kTile = BlockGeom<T>::kBytes;
+    const int sb = lane / 4, gq = lane % 4;
+    const int n_tiles = static_cast<int>(first.n_in / 2048), n_sb = static_cast<int>(first.n_in / 256);
+    const int4 zero = make_int4(0, 0, 0, 0);
+    for (int ti = 0; ti < n_tiles; ++ti) {
+      uint4 hd[kSRows];
+      int4 qv[kSRows][2];
 #pragma unroll
-    for (int k = 0; k < KB; ++k)
-      if (lane + 32 * k < nb - b0)
+      for (int r = 0; r < kSRows; ++r) {
+        const uint8_t* at = rows[r] + int64_t{ti} * kTile;
+        hd[r] = __ldg(reinterpret_cast<const uint4*>(at) + sb);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const int4* xp = reinterpret_cast<const int4*>(xq + t * first.n_in + 32 * (b0 + 32 * k));
-          const int4 lo = xp[0], hi = xp[1];
-          const float dx = xd[t * nb + b0 + 32 * k];
-          [[maybe_unused]] int xs = 0;
-          if constexpr (T == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
+        for (int h = 0; h < 2; ++h) qv[r][h] = __ldg(reinterpret_cast<const int4*>(at + 128 + 512 * h) + lane);
+      }
+      // Weights are no kernel's output: the first tile's loads may overlap the kernel before
+      // (launch_dependent); x, y and the residual are read and written only after this.
+      if (ti == 0) grid_dependency_wait();
+      const int ib = 8 * ti + sb;
 #pragma unroll
-          for (int r = 0; r < kSRows; ++r) {
-            // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
-            const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
-            const int4* q = ps.q[r][k];
-            int sum;
-            if constexpr (T == kQ4_0X8) {
-              const int qw[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
-              sum = q4_0_idot(qw, lo, hi, -xs);
-            } else {
-              const int qw[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
-              const int xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-              sum = 0;
+      for (int t = 0; t < NT; ++t) {
+        const float dx = x.q8k.d[t * n_sb + ib];
+        const int32_t* xs = x.q8k.sum + t * (first.n_in / 32) + ib * 8 + 2 * gq;  // 4-byte aligned only
+        int s_lo[kSRows] = {}, s_hi[kSRows] = {};
 #pragma unroll
-              for (int m = 0; m < 8; ++m) sum = __dp4a(qw[m], xw[m], sum);
-            }
-            acc[r][t] += static_cast<float>(sum) * (dw * dx);
-          }
+        for (int h = 0; h < 2; ++h) {  // elements [16 h, 16 h + 16) of both sub-blocks
+          const int8_t* xq = x.q8k.q + t * first.n_in + ib * 256 + 64 * gq + 16 * h;
+          const int4 xlo = *reinterpret_cast<const int4*>(xq), xhi = *reinterpret_cast<const int4*>(xq + 32);
+#pragma unroll
+          for (int r = 0; r < kSRows; ++r) q4k_half_dot(qv[r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
         }
-  };
-  // One pass in flight per warp: its loads, then its arithmetic. Two passes in flight (two
-  // register sets, each reloaded once computed, both loaded before the dependency wait) ran
-  // the 8B token slower: tg128 496.7-507.8 -> 478.2-482.0 (KB 1; H200, one call, alternating).
-  for (int b0 = 0; b0 < nb; b0 += kPass) {
-    Pass ps;
-    load(ps, b0);
-    // Weights are no kernel's output: the first pass's loads may overlap the kernel before
-    // (launch_dependent); x, y and the residual are read and written only after this.
-    if (b0 == 0) grid_dependency_wait();
-    compute(ps, b0);
+#pragma unroll
+        for (int r = 0; r < kSRows; ++r) acc[r][t] += q4k_group_value(hd[r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
+      }
+    }
+  } else {
+    constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8;  // 144 and 18 bytes (Q4_0), 272 and 34 (Q8_0)
+    constexpr int kQuant = kBlock - 2, kWords = kQuant / 16;          // a block's quants, in 16-byte words
+    // Lane j's block of a pass is j + 32 k past the pass's first b0 (a multiple of 32 blocks, so
+    // of groups): its quants at kBlock (b0 + 32 k) + qj in the row, its scale likewise at dj.
+    // Constant k offsets fold into the loads' addresses.
+    const int qj = (lane / 8) * kGroup + kQuant * (lane % 8), dj = (lane / 8) * kGroup + 8 * kQuant + 2 * (lane % 8);
+    const int nb = static_cast<int>(first.n_in / 32);
+    constexpr int kPass = 32 * KB;  // blocks a pass
+    struct Pass {
+      int4 q[kSRows][KB][kWords];
+      unsigned short d[kSRows][KB];
+    };
+    auto load = [&](Pass& ps, int b0) {
+  #pragma unroll
+      for (int k = 0; k < KB; ++k)
+        if (lane + 32 * k < nb - b0)
+  #pragma unroll
+          for (int r = 0; r < kSRows; ++r) {
+            const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
+  #pragma unroll
+            for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = __ldg(reinterpret_cast<const int4*>(at + qj) + i);
+            ps.d[r][k] = __ldg(reinterpret_cast<const unsigned short*>(at + dj));
+          }
+    };
+    const int8_t* const xq = x.q8 + 32 * lane;
+    const float* const xd = x.d8 + lane;
+    auto compute = [&](const Pass& ps, int b0) {
+  #pragma unroll
+      for (int k = 0; k < KB; ++k)
+        if (lane + 32 * k < nb - b0)
+  #pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const int4* xp = reinterpret_cast<const int4*>(xq + t * first.n_in + 32 * (b0 + 32 * k));
+            const int4 lo = xp[0], hi = xp[1];
+            const float dx = xd[t * nb + b0 + 32 * k];
+            [[maybe_unused]] int xs = 0;
+            if constexpr (T == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
+  #pragma unroll
+            for (int r = 0; r < kSRows; ++r) {
+              // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
+              const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
+              const int4* q = ps.q[r][k];
+              int sum;
+              if constexpr (T == kQ4_0X8) {
+                const int qw[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
+                sum = q4_0_idot(qw, lo, hi, -xs);
+              } else {
+                const int qw[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
+                const int xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                sum = 0;
+  #pragma unroll
+                for (int m = 0; m < 8; ++m) sum = __dp4a(qw[m], xw[m], sum);
+              }
+              acc[r][t] += static_cast<float>(sum) * (dw * dx);
+            }
+          }
+    };
+    // One pass in flight per warp: its loads, then its arithmetic. Two passes in flight (two
+    // register sets, each reloaded once computed, both loaded before the dependency wait) ran
+    // the 8B token slower: tg128 496.7-507.8 -> 478.2-482.0 (KB 1; H200, one call, alternating).
+    for (int b0 = 0; b0 < nb; b0 += kPass) {
+      Pass ps;
+      load(ps, b0);
+      // Weights are no kernel's output: the first pass's loads may overlap the kernel before
+      // (launch_dependent); x, y and the residual are read and written only after this.
+      if (b0 == 0) grid_dependency_wait();
+      compute(ps, b0);
+    }
   }
   if constexpr (Rope) {
     seg_store_rope<NT>(sg, seg, row0, acc);
@@ -670,7 +715,7 @@ StreamRope stream_rope(const MatmulParams* ps, int n) {
 template <int T>
 StagedAct act_at(StagedAct x, int64_t t0, int64_t n_in) {
   if constexpr (Staged<T>::kPlain) return x;  // f32 rows: follow Args::x (args_at)
-  else if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(t0, n_in);
+  else if constexpr (T == kQ4_K || T == kQ4_KX8 || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(t0, n_in);
   else {
     x.q8 += t0 * n_in;
     x.d8 += t0 * (n_in / 32);
@@ -747,7 +792,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   if (!staged) {
     // Plain types without staging take matvec_kernel (dispatch); kQ4_0Pairs needs the staged
     // chunk's 4-byte alignment, and is only chosen with staged rows.
-    // x8 rows are whole groups of 144 or 272 bytes from an allocation's start: always staged.
+    // x8 rows are whole groups of 144, 272 or 1152 bytes from an allocation's start: always staged.
     FRINK_CUDA_CHECK(!kIsX8<T> ? cudaSuccess : cudaErrorInvalidValue);
     if constexpr (!Staged<T>::kPlain && T != kQ4_0Pairs && !kIsX8<T>) {
       for (int i = 0; i < n; ++i)
@@ -873,6 +918,7 @@ FRINK_FOR_EACH_DEVICE_TYPE(FRINK_INST)
 template void matvec_stream_launch<kQ4_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_0X8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0X8>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ4_KX8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ5_K>(const MatmulParams*, int, const StagedAct&);

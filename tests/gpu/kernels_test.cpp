@@ -972,19 +972,20 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
 // 768 out, 8 experts a token) are cut to one wave whose warps walk a second row pair
 // (matvec.cu one_wave_x): each slot's rows still equal a plain product with its expert, bit
 // for bit. 8 to 24 slots put the grid (1536 to 4608 blocks) in (one wave, two] for any device
-// holding 768 to 3072 blocks at once (an H200: ~1320). The same for the x8 layout's kernel
-// (matvec_x8_kernel, one warp per row pair), and with a bias and expert scales on up.
+// holding 768 to 3072 blocks at once (an H200: ~1320). The same for the x8 layouts' kernel
+// (matvec_x8_kernel, one warp per row pair; Q4_0 and Q4_K), and with a bias and expert scales on up.
 TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(67);
   const int64_t n_expert = 16, n_in = 2048, n_out = 768, k = 8;
-  const GgmlType t = GgmlType::Q4_0;
-  const size_t expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
-  const auto gb = random_weights(rng, t, n_in, n_out * n_expert).bytes, ub = random_weights(rng, t, n_in, n_out * n_expert).bytes;
   Dev<float> db(random_floats(rng, n_expert * n_out)), dsc(random_floats(rng, n_expert));
   const auto sc = dsc.get();
-  // Q4_0 as the file holds it (the stream kernel) and as the device keeps it (x8_type).
-  for (bool x8 : {false, true}) {
+  // Q4_0 as the file holds it (the stream kernel), and Q4_0 and Q4_K as the device keeps them
+  // (x8_type).
+  const std::pair<GgmlType, bool> layouts[] = {{GgmlType::Q4_0, false}, {GgmlType::Q4_0, true}, {GgmlType::Q4_K, true}};
+  for (const auto& [t, x8] : layouts) {
+    const size_t expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
+    const auto gb = random_weights(rng, t, n_in, n_out * n_expert).bytes, ub = random_weights(rng, t, n_in, n_out * n_expert).bytes;
     Dev<uint8_t> dg(gb), du(ub);
     const int type = x8 ? to_x8(t, dg.p, gb.size(), n_in) : static_cast<int>(t);
     if (x8) to_x8(t, du.p, ub.size(), n_in);
@@ -1026,7 +1027,7 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
           }
           cuda::launch_matmul(q);
           const std::vector<float> row(y.begin() + s * n_out, y.begin() + (s + 1) * n_out);
-          ASSERT_EQ(row, dy1.get()) << "x8 " << x8 << " product " << i << " slots " << n_slots << " slot " << s
+          ASSERT_EQ(row, dy1.get()) << ggml_type_name(t) << " x8 " << x8 << " product " << i << " slots " << n_slots << " slot " << s
                                     << " settled " << settled;
         }
       }
@@ -1220,10 +1221,10 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
   }
 }
 
-// Q4_0 and Q8_0 kept as the device keeps rows of whole 8-block groups (matmul.cuh, x8_type:
-// reordered in place) give the host's product on every path that reads them: the x8 decode
-// kernel (one and four tokens, a bias, the residual, an odd last row pair, rows of 1 to 56
-// groups, so lanes whose blocks lie past a row's end), the generic kernel (no activation
+// Q4_0, Q8_0 and Q4_K kept as the device keeps rows of whole 8-block groups (matmul.cuh,
+// x8_type: reordered in place) give the host's product on every path that reads them: the x8
+// decode kernel (one and four tokens, a bias, the residual, an odd last row pair, rows of 1 to
+// 56 groups, so lanes whose blocks lie past a row's end; Q4_K rows of 1 to 7 tiles), the generic kernel (no activation
 // rounding) and cuBLAS over dequantized tiles (12 tokens); bounds as
 // ActivationRoundingMatchesHostForEveryType's. (Expert slots: ExpertGridsOverOneWaveEqualPlainOnes.)
 TEST(CudaKernels, X8LayoutsMatchHost) {
@@ -1238,17 +1239,20 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
   const std::vector<C> cases = {{256, 9, 1, false, false, true},     {4096, 40, 5, true, false, true},
                                 {2304, 33, 4, false, true, true},     {14336, 24, 1, false, true, true},
                                 {768, 20001, 1, false, false, true},  {512, 37, 12, true, false, true},
-                                {4096, 17, 3, false, false, false},   {1024, 64, 8, false, false, true}};
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+                                {4096, 17, 3, false, false, false},   {1024, 64, 8, false, false, true},
+                                {2048, 21, 12, true, false, true},    {2048, 4001, 1, false, true, true}};
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
+    const GgmlType at = vec_dot_type(t);
     for (const C& c : cases) {
+      if (cuda::x8_type(static_cast<int>(t), c.n_in) == static_cast<int>(t)) continue;  // kept as the file holds it
       const RandomWeights w = random_weights(rng, t, c.n_in, c.n_out);
       const auto x = random_floats(rng, c.n_in * c.n_tok), res = random_floats(rng, c.n_out * c.n_tok);
       std::vector<float> xr(x.size());
       if (c.round) {
-        std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, c.n_in)));
+        std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(at, c.n_in)));
         for (int64_t tk = 0; tk < c.n_tok; ++tk) {
-          quantize_row(GgmlType::Q8_0, x.data() + tk * c.n_in, q.data(), c.n_in);
-          dequantize_row(GgmlType::Q8_0, q.data(), xr.data() + tk * c.n_in, c.n_in);
+          quantize_row(at, x.data() + tk * c.n_in, q.data(), c.n_in);
+          dequantize_row(at, q.data(), xr.data() + tk * c.n_in, c.n_in);
         }
       } else {
         xr = x;
