@@ -221,6 +221,7 @@ DeviceWeights::DeviceWeights(const Model& m, bool stack_shared) {
     for (const LayerPlan& p : hp.layers) n_rot = std::max(n_rot, p.rope.n_rot);
     rope_freqs = upload_vec(m.w.rope_freqs, n_rot / 2);
   }
+  FRINK_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // the reorders (device_layout), before any other stream reads
   size_t free1 = 0;
   FRINK_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
   FRINK_LOG_INFO("device: {:.2f} GiB of weights resident; device memory used {:.2f} of {:.2f} GiB",
@@ -322,14 +323,12 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
   return d;
 }
 
-// Q4_0 and Q8_0 matrices of whole 8-block groups are reordered once, where they land (matmul.cuh,
-// x8_type); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
+// Matrices x8_type keeps in another order (Q4_0, Q8_0, Q4_K of suitable widths; matmul.cuh) are
+// reordered once, where they land, on the legacy stream (the constructor waits for it once at
+// its end); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
 int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_t n_in) {
   const int t = x8_type(type, n_in);
-  if (t != type && repacked_.insert(d).second) {
-    repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
-    FRINK_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // before any other stream reads it
-  }
+  if (t != type && repacked_.insert(d).second) repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
   return t;
 }
 

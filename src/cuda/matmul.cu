@@ -25,17 +25,15 @@ bool takes_matvec(const MatmulParams& p) {
 // input (launch_matmuls) prepares it once.
 ActRound act_prep_for(const MatmulParams& p) {
   if (!p.act_round) return kActNone;
-  if ((p.type == kQ4_0 || p.type == kQ4_0X8 || p.type == kQ8_0 || p.type == kQ8_0X8) && takes_matvec(p) && p.n_in % 32 == 0) return kActDp4a;
-  if ((p.type == kQ4_K || p.type == kQ4_KX8 || p.type == kQ5_K || p.type == kQ6_K) && takes_matvec(p) && p.n_in % 256 == 0)
-    return kActDp4aK;
+  const ActRound dp4a = dp4a_act_for(p.type);
+  if (dp4a != kActNone && takes_matvec(p) && p.n_in % (dp4a == kActDp4a ? 32 : 256) == 0) return dp4a;
   return act_round_for(p.type);
 }
 
 // Whether p goes to the stream kernel (matvec_stream_kernel): one of its types on the
 // matrix-vector path, rows it can stage. Consecutive such products of one type share a launch.
 bool streams(const MatmulParams& p, ActRound kind) {
-  const bool family = ((p.type == kQ4_0 || p.type == kQ4_0X8 || p.type == kQ8_0 || p.type == kQ8_0X8) && kind == kActDp4a) ||
-                      ((p.type == kQ4_K || p.type == kQ4_KX8 || p.type == kQ5_K || p.type == kQ6_K) && kind == kActDp4aK) ||
+  const bool family = (kind != kActNone && dp4a_act_for(p.type) == kind) ||
                       ((p.type == kF16 || p.type == kBF16) && takes_matvec(p));
   return family && staged_ok(p);
 }
@@ -59,7 +57,7 @@ bool on_stream_kernel(const MatmulParams& p) {
 template <int T>
 void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
   MatmulParams p = ps[0];
-  if constexpr (T == kQ4_0 || T == kQ8_0 || T == kQ4_0X8 || T == kQ8_0X8) {
+  if constexpr (dp4a_act_for(T) == kActDp4a) {
     if (kind == kActDp4a) {
       const Q8_0Act x = q8_0_act(p);
       if (!x_ready) launch_quantize_q8(p, x.q, x.d);
@@ -67,7 +65,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
       return;
     }
   }
-  if constexpr (T == kQ4_K || T == kQ4_KX8 || T == kQ5_K || T == kQ6_K) {
+  if constexpr (dp4a_act_for(T) == kActDp4aK) {
     if (kind == kActDp4aK) {
       const Q8KAct x = q8k_act(p);
       if (!x_ready) launch_quantize_q8k(p, x);
