@@ -54,6 +54,7 @@ template <> struct Staged<kQ4_0Pairs> : StagedGeom<kQ4_0, 64> {};
 template <> struct Staged<kQ4_0X8> : StagedGeom<kQ4_0, 64> {};
 template <> struct Staged<kQ8_0X8> : StagedGeom<kQ8_0, 32> {};
 template <> struct Staged<kQ4_KX8> : StagedGeom<kQ4_K, 8> {};
+template <> struct Staged<kQ6_KX8> : StagedGeom<kQ6_K, 8> {};
 
 __device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
 
@@ -258,6 +259,35 @@ __device__ __forceinline__ float q4k_group_value(const uint4& hd, int g, int s_l
   return (dx * dw) * static_cast<float>(sc0 * s_lo + sc1 * s_hi) - (dx * dminw) * static_cast<float>(m0 * xs0 + m1 * xs1);
 }
 
+// Q6_K arithmetic per lane (blocks_dot's Q6_K branch: 8 lanes a super-block, lane k taking
+// half h = k / 4 and elements [l8, l8 + 8), l8 = 8 (k % 4), of each quarter j of that half).
+// q6k_offset: 32 x the sum of the quarter's 8 activation bytes xv: the six-bit values' offset of
+// 32, taken off the integer dot once (the same integer as subtracting it per byte).
+__device__ __forceinline__ int q6k_offset(const int2& xv) {
+  return 32 * __dp4a(xv.y, 0x01010101, __dp4a(xv.x, 0x01010101, 0));
+}
+
+// Quarter j's integer dot: the lane's 8 bytes of ql at l8 (ql0) and at 32 + l8 (ql1) and of qh
+// at l8 (2 words each) give the six-bit values (low nibbles for j < 2, high ones after; qh's bit
+// pair 2 j on top), dotted with xv, less xs32.
+__device__ __forceinline__ int q6k_quarter_dot(const uint32_t (&ql0)[2], const uint32_t (&ql1)[2],
+                                               const uint32_t (&qh)[2], int j, const int2& xv, int xs32) {
+  int q[2];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    const uint32_t lo = j % 2 == 0 ? ql0[w] : ql1[w], hb = qh[w];
+    const uint32_t nib = j < 2 ? lo & 0x0F0F0F0Fu : (lo >> 4) & 0x0F0F0F0Fu;
+    const uint32_t top = j == 0 ? hb << 4 : j == 1 ? hb << 2 : j == 2 ? hb : hb >> 2;
+    q[w] = static_cast<int>(nib | (top & 0x30303030u));
+  }
+  return __dp4a(q[1], xv.y, __dp4a(q[0], xv.x, -xs32));
+}
+
+// Signed scale byte b (0..7) of a half's 8 scales, sc its two words.
+__device__ __forceinline__ int q6k_scale(const uint32_t (&sc)[2], int b) {
+  return static_cast<int8_t>((sc[b / 4] >> (8 * (b % 4))) & 0xFFu);
+}
+
 // Blocks [b0, b0 + nb) of R rows whose bytes start at s + r * rs (shared memory for the
 // staged kernel, the row itself for the direct one), into acc[r] (NT activation rows): the
 // host's vec_dot_q4_0_q8_0 / q8_0_q8_0 / q4_K_q8_K / q6_K_q8_K arithmetic (integer dots per
@@ -423,10 +453,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         run8(128 + 32 * h + l8, qh[r]);
         run8(192 + 8 * h, sc);  // the half's 8 scales
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int b = is + 2 * j;
-          scj[r][j] = static_cast<int8_t>((sc[b / 4] >> (8 * (b % 4))) & 0xFFu);
-        }
+        for (int j = 0; j < 4; ++j) scj[r][j] = q6k_scale(sc, is + 2 * j);
         dw[r] = h2f_a2(reinterpret_cast<const uint8_t*>(base) + 208);
       }
       int sumi[R][NT];
@@ -439,21 +466,9 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           const int2 xv = *reinterpret_cast<const int2*>(x.q8k.q + t * a.n_in + ib * 256 + 128 * h + 32 * j + l8);
-          // Six-bit values 0..63 per byte; their offset of 32 is taken off the integer dot as
-          // 32 x sum x, the same integer as subtracting it per byte.
-          const int xs32 = 32 * __dp4a(xv.y, 0x01010101, __dp4a(xv.x, 0x01010101, 0));
+          const int xs32 = q6k_offset(xv);
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
-            int q[2];
-#pragma unroll
-            for (int w = 0; w < 2; ++w) {
-              const uint32_t lo = j % 2 == 0 ? ql0[r][w] : ql1[r][w], hb = qh[r][w];
-              const uint32_t nib = j < 2 ? lo & 0x0F0F0F0Fu : (lo >> 4) & 0x0F0F0F0Fu;
-              const uint32_t top = j == 0 ? hb << 4 : j == 1 ? hb << 2 : j == 2 ? hb : hb >> 2;
-              q[w] = static_cast<int>(nib | (top & 0x30303030u));
-            }
-            sumi[r][t] += scj[r][j] * __dp4a(q[1], xv.y, __dp4a(q[0], xv.x, -xs32));
-          }
+          for (int r = 0; r < R; ++r) sumi[r][t] += scj[r][j] * q6k_quarter_dot(ql0[r], ql1[r], qh[r], j, xv, xs32);
         }
       }
 #pragma unroll

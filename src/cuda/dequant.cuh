@@ -20,9 +20,9 @@ enum DevType : int {
   kBF16 = 30, kMXFP4 = 39,
   // Q4_0, Q8_0 and Q4_K as the device keeps them where rows are whole groups of 8 blocks
   // (matmul.cuh, x8_type): no GGUF types, so ids none has.
-  kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0, kQ4_KX8 = 2000 + kQ4_K,
+  kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0, kQ4_KX8 = 2000 + kQ4_K, kQ6_KX8 = 2000 + kQ6_K,
 };
-template <int T> constexpr bool kIsX8 = T == kQ4_0X8 || T == kQ8_0X8 || T == kQ4_KX8;
+template <int T> constexpr bool kIsX8 = T == kQ4_0X8 || T == kQ8_0X8 || T == kQ4_KX8 || T == kQ6_KX8;
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {
   const uint16_t bits = static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -79,6 +79,11 @@ template <> struct BlockGeom<kQ8_0X8> { static constexpr int kElems = 256, kByte
 // quants in two halves: half h holds, for super-block s and group g (qs bytes [32 g, 32 g + 32)),
 // bytes [32 g + 16 h, + 16) at 128 + 512 h + 64 s + 16 g.
 template <> struct BlockGeom<kQ4_KX8> { static constexpr int kElems = 2048, kBytes = 1152; };
+// A tile of 8 Q6_K super-blocks, in the runs the decode kernel's lanes read (lane part k = 4 h +
+// l8 / 8 of super-block s: half h, elements l8 .. l8 + 7 of each quarter): ql bytes [64 h + l8,
+// + 8) at 64 s + 8 k, ql bytes [64 h + 32 + l8, + 8) at 512 + 64 s + 8 k, qh bytes [32 h + l8,
+// + 8) at 1024 + 64 s + 8 k; the 16 scales at 1536 + 16 s, d at 1664 + 2 s.
+template <> struct BlockGeom<kQ6_KX8> { static constexpr int kElems = 2048, kBytes = 1680; };
 
 // Elements [32 s, 32 s + 32) of a quantized row.
 template <int T>
@@ -189,6 +194,18 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
       const int q = (((ql[l] >> lsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4)) - 32;
       out[l] = d * sc[l / 16 + 2 * qq] * q;
     }
+  } else if constexpr (T == kQ6_KX8) {
+    const int sb = j / 8, jj = j % 8, half = jj / 4, qq = jj % 4;
+    const float d = h2f(b + 1664 + 2 * sb);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 1536 + 16 * sb) + 8 * half;
+    const uint8_t* ql = b + 512 * (qq & 1) + 64 * sb + 32 * half;  // run l / 8 at 8 (l / 8), as qh
+    const uint8_t* qh = b + 1024 + 64 * sb + 32 * half;
+    const int lsh = (qq / 2) * 4, hsh = 2 * qq;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const int q = (((ql[l] >> lsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4)) - 32;
+      out[l] = d * sc[l / 16 + 2 * qq] * q;
+    }
   } else if constexpr (T == kIQ4_NL) {
     const float d = h2f(b);
     nibbles(b + 2, out, [d](int q) { return d * kDevIq4nl[q]; });
@@ -258,6 +275,6 @@ __device__ __forceinline__ void plain8_at(const uint8_t* row, int64_t g, bool ve
 // matmul_supported() and the dispatch, so support and dispatch cannot disagree.
 #define FRINK_FOR_EACH_DEVICE_TYPE(F)                                                      \
   F(kF32) F(kF16) F(kBF16) F(kQ4_0) F(kQ4_1) F(kQ5_0) F(kQ5_1) F(kQ8_0) F(kQ2_K) F(kQ3_K) \
-  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8) F(kQ8_0X8) F(kQ4_KX8)
+  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8) F(kQ8_0X8) F(kQ4_KX8) F(kQ6_KX8)
 
 }  // namespace frink::cuda

@@ -89,7 +89,7 @@ enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16, kActDp4a, kA
 constexpr ActRound dp4a_act_for(int type) {
   switch (type) {
     case kQ4_0: case kQ4_0X8: case kQ8_0: case kQ8_0X8: return kActDp4a;
-    case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ6_K: return kActDp4aK;
+    case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ6_K: case kQ6_KX8: return kActDp4aK;
     default: return kActNone;
   }
 }
@@ -98,7 +98,8 @@ constexpr ActRound act_round_for(int type) {
   switch (type) {
     case kQ4_0: case kQ4_0X8: case kQ5_0: case kQ8_0: case kQ8_0X8: case kIQ4_NL: case kMXFP4: case kQ4_1: case kQ5_1:
       return kActQ8Blocks;
-    case kQ2_K: case kQ3_K: case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ6_K: case kIQ4_XS: return kActQ8K;
+    case kQ2_K: case kQ3_K: case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ6_K: case kQ6_KX8: case kIQ4_XS:
+      return kActQ8K;
     case kF16: return kActF16;
     case kBF16: return kActBF16;
     default: return kActNone;

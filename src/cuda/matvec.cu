@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
-// Q4_0, Q8_0 and Q4_K in the x8 layouts (matmul.cuh, x8_type), decode batches of NT tokens and expert
+// Q4_0, Q8_0, Q4_K and Q6_K in the x8 layouts (matmul.cuh, x8_type), decode batches of NT tokens and expert
 // slots: one warp per row pair of the launch's products (Segs, the stream kernel's index space
 // and store), read straight into registers. Lane j takes blocks j, j + 32, ...: a block's
 // quants are one (Q4_0) or two (Q8_0) 16-byte loads and its scale one 2-byte load, and the lanes' loads are
@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
   const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
   {
     const int64_t xr = select_slot(first);
-    if constexpr (T == kQ4_KX8) {
+    if constexpr (T == kQ4_KX8 || T == kQ6_KX8) {
       x.q8k = x.q8k.at_row(xr, first.n_in);
     } else {
       x.q8 += xr * first.n_in;
@@ -611,6 +611,50 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
         }
 #pragma unroll
         for (int r = 0; r < kSRows; ++r) acc[r][t] += q4k_group_value(hd[r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
+      }
+    }
+  } else if constexpr (T == kQ6_KX8) {
+    // Lane j takes super-block j / 8 of each pass (4 super-blocks, half a tile) and part
+    // k = j % 8 of it, as blocks_dot's Q6_K branch does (8 lanes a super-block: half h = k / 4,
+    // elements [l8, l8 + 8) of each quarter); the tile's layout (dequant.cuh) makes each of the
+    // lane's 8-byte runs of ql, ql and qh one 256-byte contiguous load across the warp.
+    constexpr int kTile = BlockGeom<T>::kBytes;
+    const int k = lane % 8, h = k / 4, l8 = 8 * (k % 4);
+    const int n_pass = static_cast<int>(first.n_in / 1024), n_sb = static_cast<int>(first.n_in / 256);
+    for (int pi = 0; pi < n_pass; ++pi) {
+      const int s = 4 * (pi % 2) + lane / 8;  // the super-block within its tile
+      uint32_t ql0[kSRows][2], ql1[kSRows][2], qh[kSRows][2], sc[kSRows][2];
+      unsigned short dr[kSRows];
+#pragma unroll
+      for (int r = 0; r < kSRows; ++r) {
+        const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
+        const uint2 a0 = __ldg(reinterpret_cast<const uint2*>(at + 64 * s) + k);
+        const uint2 a1 = __ldg(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
+        const uint2 a2 = __ldg(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
+        const uint2 a3 = __ldg(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
+        ql0[r][0] = a0.x, ql0[r][1] = a0.y, ql1[r][0] = a1.x, ql1[r][1] = a1.y;
+        qh[r][0] = a2.x, qh[r][1] = a2.y, sc[r][0] = a3.x, sc[r][1] = a3.y;
+        dr[r] = __ldg(reinterpret_cast<const unsigned short*>(at + 1664) + s);
+      }
+      // Weights are no kernel's output: the first pass's loads may overlap the kernel before
+      // (launch_dependent); x, y and the residual are read and written only after this.
+      if (pi == 0) grid_dependency_wait();
+      const int ib = 4 * pi + lane / 8;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        int sumi[kSRows] = {};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int2 xv = *reinterpret_cast<const int2*>(x.q8k.q + t * first.n_in + ib * 256 + 128 * h + 32 * j + l8);
+          const int xs32 = q6k_offset(xv);
+#pragma unroll
+          for (int r = 0; r < kSRows; ++r)
+            sumi[r] += q6k_scale(sc[r], l8 / 16 + 2 * j) * q6k_quarter_dot(ql0[r], ql1[r], qh[r], j, xv, xs32);
+        }
+        const float dx = x.q8k.d[t * n_sb + ib];
+#pragma unroll
+        for (int r = 0; r < kSRows; ++r)
+          acc[r][t] += (dx * __half2float(__ushort_as_half(dr[r]))) * static_cast<float>(sumi[r]);
       }
     }
   } else {
@@ -715,7 +759,8 @@ StreamRope stream_rope(const MatmulParams* ps, int n) {
 template <int T>
 StagedAct act_at(StagedAct x, int64_t t0, int64_t n_in) {
   if constexpr (Staged<T>::kPlain) return x;  // f32 rows: follow Args::x (args_at)
-  else if constexpr (T == kQ4_K || T == kQ4_KX8 || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(t0, n_in);
+  else if constexpr (T == kQ4_K || T == kQ4_KX8 || T == kQ5_K || T == kQ6_K || T == kQ6_KX8)
+    x.q8k = x.q8k.at_row(t0, n_in);
   else {
     x.q8 += t0 * n_in;
     x.d8 += t0 * (n_in / 32);
@@ -792,7 +837,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   if (!staged) {
     // Plain types without staging take matvec_kernel (dispatch); kQ4_0Pairs needs the staged
     // chunk's 4-byte alignment, and is only chosen with staged rows.
-    // x8 rows are whole groups of 144, 272 or 1152 bytes from an allocation's start: always staged.
+    // x8 rows are whole groups of 144, 272, 1152 or 1680 bytes from an allocation's start: always staged.
     FRINK_CUDA_CHECK(!kIsX8<T> ? cudaSuccess : cudaErrorInvalidValue);
     if constexpr (!Staged<T>::kPlain && T != kQ4_0Pairs && !kIsX8<T>) {
       for (int i = 0; i < n; ++i)
@@ -919,6 +964,7 @@ template void matvec_stream_launch<kQ4_0>(const MatmulParams*, int, const Staged
 template void matvec_stream_launch<kQ4_0X8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0X8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_KX8>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ6_KX8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ5_K>(const MatmulParams*, int, const StagedAct&);

@@ -1,4 +1,6 @@
-// Q4_0, Q8_0 and Q4_K rows reordered for the device (matmul.cuh: x8_type, repack_x8).
+// Q4_0, Q8_0, Q4_K and Q6_K rows reordered for the device (matmul.cuh: x8_type, repack_x8).
+#include <cstdlib>
+
 #include "cuda/cuda_check.h"
 #include "cuda/dequant.cuh"
 #include "cuda/matmul.cuh"
@@ -55,12 +57,38 @@ __global__ void repack_q4_k_x8_kernel(uint8_t* w) {
   p[o] = v;
 }
 
+// One block per Q6_K tile (8 super-blocks of 210 bytes, 2-byte aligned inside the tile, so
+// bytes, through shared memory and a barrier): output byte o takes input byte src(o) (the
+// layout: dequant.cuh, BlockGeom<kQ6_KX8>).
+__global__ void repack_q6_k_x8_kernel(uint8_t* w) {
+  constexpr int kTile = BlockGeom<kQ6_KX8>::kBytes, kSb = BlockGeom<kQ6_K>::kBytes;
+  __shared__ uint8_t in[kTile];
+  uint8_t* p = w + int64_t{blockIdx.x} * kTile;
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) in[i] = p[i];
+  __syncthreads();
+  for (int o = threadIdx.x; o < kTile; o += blockDim.x) {
+    int src;
+    if (o < 1536) {  // ql at l8 (part 0), ql at 32 + l8 (part 1), qh (part 2); s, half h, byte l
+      const int part = o / 512, s = o % 512 / 64, h = o % 64 / 32, l = o % 32;
+      src = kSb * s + (part == 2 ? 128 + 32 * h + l : 64 * h + 32 * part + l);
+    } else if (o < 1664) {
+      src = kSb * ((o - 1536) / 16) + 192 + (o - 1536) % 16;
+    } else {
+      src = kSb * ((o - 1664) / 2) + 208 + (o - 1664) % 2;
+    }
+    p[o] = in[src];
+  }
+}
+
 }  // namespace
 
 int x8_type(int type, int64_t n_in) {
   // Q4_K, measured (H200, 8B Q4_K_M graph ms per decode token, one call, alternating): as the
   // file holds it 2.348 / 2.347 (tg128 417.7 / 418.5), kQ4_KX8 2.308 / 2.310 (425.2 / 424.3).
   if (type == kQ4_K) return n_in % BlockGeom<kQ4_KX8>::kElems == 0 ? kQ4_KX8 : type;
+  // AB-TEMP FRINK_AB_NO_Q6K_X8=1: Q6_K kept as the file holds it (the A of the next call's A/B).
+  static const bool no_q6k = std::getenv("FRINK_AB_NO_Q6K_X8") != nullptr;
+  if (type == kQ6_K) return n_in % BlockGeom<kQ6_KX8>::kElems == 0 && !no_q6k ? kQ6_KX8 : type;
   if (n_in % 256 != 0) return type;
   return type == kQ4_0 ? kQ4_0X8 : type == kQ8_0 ? kQ8_0X8 : type;
 }
@@ -69,15 +97,19 @@ void repack_x8(int type, void* w, size_t n_bytes, cudaStream_t stream) {
   const int group = type == kQ4_0   ? BlockGeom<kQ4_0X8>::kBytes
                     : type == kQ8_0 ? BlockGeom<kQ8_0X8>::kBytes
                     : type == kQ4_K ? BlockGeom<kQ4_KX8>::kBytes
+                    : type == kQ6_K ? BlockGeom<kQ6_KX8>::kBytes
                                     : 0;
   FRINK_CUDA_CHECK(group > 0 && n_bytes % group == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   const auto n_groups = static_cast<int64_t>(n_bytes / group);
   if (n_groups == 0) return;
-  if (type == kQ4_K) {
+  if (type == kQ4_K || type == kQ6_K) {
     FRINK_CUDA_CHECK(n_groups <= 0x7FFFFFFF ? cudaSuccess : cudaErrorInvalidValue);
-    repack_q4_k_x8_kernel<<<static_cast<unsigned>(n_groups), kQ4KTileWords, 0, stream>>>(static_cast<uint8_t*>(w));
+    if (type == kQ4_K)
+      repack_q4_k_x8_kernel<<<static_cast<unsigned>(n_groups), kQ4KTileWords, 0, stream>>>(static_cast<uint8_t*>(w));
+    else
+      repack_q6_k_x8_kernel<<<static_cast<unsigned>(n_groups), 256, 0, stream>>>(static_cast<uint8_t*>(w));
     FRINK_CUDA_CHECK_LAUNCH();
     return;
   }

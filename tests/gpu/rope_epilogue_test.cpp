@@ -68,10 +68,10 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
   const std::vector<C> cases = {{{4096, 8, 2, 128, 128}, true, false, true, 37},
                                 {{4096, 4, 2, 64, 32}, false, false, false, 5},
                                 {{4096, 4, 1, 64, 48}, false, true, true, 3001}};
-  // Q4_0, Q8_0 and Q4_K twice: as the file holds them and as the device keeps them (x8_type), x8 last.
+  // Q4_0, Q8_0 and Q4_K as the file holds them, then those and Q6_K as the device keeps them (x8_type).
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16,
-                            GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K};
-  for (int ti = 0; ti < 7; ++ti)
+                            GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
+  for (int ti = 0; ti < 8; ++ti)
     for (const C& c : cases) {
       const GgmlType t = types[ti];
       const bool x8 = ti >= 4;
