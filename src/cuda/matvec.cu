@@ -19,6 +19,7 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_pipeline.h>
@@ -539,9 +540,11 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
 // reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
-template <int T, int NT, bool Rope, int KB = T == kQ4_0X8 ? 2 : 1, int MinB = NT == 1 ? 8 : 0>
+template <int T, int NT, bool Rope, int KB = T == kQ4_0X8 ? 2 : 1, int MinB = NT == 1 ? 8 : 0, bool OneRow = false>
 __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, StagedAct x) {
   static_assert(kIsX8<T>, "x8 layouts only");
+  // AB-TEMP OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), Q4_0 / Q8_0 without RoPE.
+  static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8)), "one row a warp: plain stores");
   Args first = sg.a[0];
   // The slots' experts come from the routing kernel (as in the stream kernel).
   if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
@@ -556,7 +559,9 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
     }
   }
   const int lane = threadIdx.x % 32;
-  const int64_t g = int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32;
+  const int64_t wi = int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32;
+  const int64_t g = OneRow ? wi / 2 : wi;
+  const int rsel = OneRow ? static_cast<int>(wi % 2) : 0;
   if (g >= sg.g_end[sg.n - 1]) return;  // warp-uniform; no barrier below
   int seg = 0;
   while (g >= sg.g_end[seg]) ++seg;
@@ -566,8 +571,9 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
   const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
   const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
   static_assert(kSRows == 2, "rows[1] below");
+  if (OneRow && row0 + rsel >= n_out) return;
   const uint8_t* rows[kSRows];
-  rows[0] = w + row0 * row_bytes;
+  rows[0] = w + (row0 + rsel) * row_bytes;
   rows[1] = row0 + 1 < n_out ? rows[0] + row_bytes : rows[0];  // a product's odd last row: computed twice, stored once
   float acc[kSRows][NT];
 #pragma unroll
@@ -658,6 +664,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
       }
     }
   } else {
+    constexpr int kR = OneRow ? 1 : kSRows;  // rows this warp computes
     constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8;  // 144 and 18 bytes (Q4_0), 272 and 34 (Q8_0)
     constexpr int kQuant = kBlock - 2, kWords = kQuant / 16;          // a block's quants, in 16-byte words
     // Lane j's block of a pass is j + 32 k past the pass's first b0 (a multiple of 32 blocks, so
@@ -667,15 +674,15 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
     const int nb = static_cast<int>(first.n_in / 32);
     constexpr int kPass = 32 * KB;  // blocks a pass
     struct Pass {
-      int4 q[kSRows][KB][kWords];
-      unsigned short d[kSRows][KB];
+      int4 q[kR][KB][kWords];
+      unsigned short d[kR][KB];
     };
     auto load = [&](Pass& ps, int b0) {
   #pragma unroll
       for (int k = 0; k < KB; ++k)
         if (lane + 32 * k < nb - b0)
   #pragma unroll
-          for (int r = 0; r < kSRows; ++r) {
+          for (int r = 0; r < kR; ++r) {
             const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
   #pragma unroll
             for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = __ldg(reinterpret_cast<const int4*>(at + qj) + i);
@@ -696,7 +703,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
             [[maybe_unused]] int xs = 0;
             if constexpr (T == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
   #pragma unroll
-            for (int r = 0; r < kSRows; ++r) {
+            for (int r = 0; r < kR; ++r) {
               // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
               const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
               const int4* q = ps.q[r][k];
@@ -727,7 +734,9 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
       compute(ps, b0);
     }
   }
-  if constexpr (Rope) {
+  if constexpr (OneRow) {
+    seg_store<NT>(sg, first, NT == 1 && sg.plain, seg, row0, rsel, acc[0]);
+  } else if constexpr (Rope) {
     seg_store_rope<NT>(sg, seg, row0, acc);
   } else {
 #pragma unroll
@@ -891,7 +900,27 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
       if constexpr (kIsX8<T>) {
-        launch_dependent(matvec_x8_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
+        // AB-TEMP FRINK_AB_X8V: 1 twice the blocks a pass (Q4_0 KB 4, Q8_0 KB 2; no bound) for
+        // grids within one wave of that kernel; 2 a warp per row with twice the blocks a pass
+        // (Q4_0 / Q8_0, no RoPE); 3 that for grids of rows within one wave.
+        static const int v = [] { const char* e = std::getenv("FRINK_AB_X8V"); return e ? std::atoi(e) : 0; }();
+        bool done = false;
+        if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8)) {
+          const auto k1 = matvec_x8_kernel<T, 1, false, T == kQ4_0X8 ? 4 : 2, 8, true>;
+          const dim3 g1(2 * g.x, g.y);
+          if (v == 2 || (v == 3 && int64_t{g1.x} * g1.y <= stream_resident(reinterpret_cast<const void*>(k1)))) {
+            launch_dependent(k1, g1, b, 0, p.stream, s, x);
+            done = true;
+          }
+        }
+        if constexpr (NT == 1 && T != kQ4_KX8 && T != kQ6_KX8) {
+          const auto k4 = matvec_x8_kernel<T, 1, R, T == kQ4_0X8 ? 4 : 2, 0>;
+          if (!done && v == 1 && int64_t{g.x} * g.y <= stream_resident(reinterpret_cast<const void*>(k4))) {
+            launch_dependent(k4, g, b, 0, p.stream, s, x);
+            done = true;
+          }
+        }
+        if (!done) launch_dependent(matvec_x8_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
