@@ -19,7 +19,6 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
-#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_pipeline.h>
@@ -520,6 +519,9 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
+// Blocks a lane loads per row and pass, by default (matvec_x8_kernel's KB).
+template <int T> constexpr int X8Blocks = T == kQ4_0X8 ? 2 : 1;
+
 // Q4_0, Q8_0, Q4_K and Q6_K in the x8 layouts (matmul.cuh, x8_type), decode batches of NT tokens and expert
 // slots: one warp per row pair of the launch's products (Segs, the stream kernel's index space
 // and store), read straight into registers. Lane j takes blocks j, j + 32, ...: a block's
@@ -540,10 +542,10 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
 // reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
-template <int T, int NT, bool Rope, int KB = T == kQ4_0X8 ? 2 : 1, int MinB = NT == 1 ? 8 : 0, bool OneRow = false>
+template <int T, int NT, bool Rope, int KB = X8Blocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false>
 __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, StagedAct x) {
   static_assert(kIsX8<T>, "x8 layouts only");
-  // AB-TEMP OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), Q4_0 / Q8_0 without RoPE.
+  // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), Q4_0 / Q8_0 without RoPE.
   static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8)), "one row a warp: plain stores");
   Args first = sg.a[0];
   // The slots' experts come from the routing kernel (as in the stream kernel).
@@ -900,27 +902,17 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
       if constexpr (kIsX8<T>) {
-        // AB-TEMP FRINK_AB_X8V: 1 twice the blocks a pass (Q4_0 KB 4, Q8_0 KB 2; no bound) for
-        // grids within one wave of that kernel; 2 a warp per row with twice the blocks a pass
-        // (Q4_0 / Q8_0, no RoPE); 3 that for grids of rows within one wave.
-        static const int v = [] { const char* e = std::getenv("FRINK_AB_X8V"); return e ? std::atoi(e) : 0; }();
-        bool done = false;
-        if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8)) {
-          const auto k1 = matvec_x8_kernel<T, 1, false, T == kQ4_0X8 ? 4 : 2, 8, true>;
-          const dim3 g1(2 * g.x, g.y);
-          if (v == 2 || (v == 3 && int64_t{g1.x} * g1.y <= stream_resident(reinterpret_cast<const void*>(k1)))) {
-            launch_dependent(k1, g1, b, 0, p.stream, s, x);
-            done = true;
-          }
-        }
-        if constexpr (NT == 1 && T != kQ4_KX8 && T != kQ6_KX8) {
-          const auto k4 = matvec_x8_kernel<T, 1, R, T == kQ4_0X8 ? 4 : 2, 0>;
-          if (!done && v == 1 && int64_t{g.x} * g.y <= stream_resident(reinterpret_cast<const void*>(k4))) {
-            launch_dependent(k4, g, b, 0, p.stream, s, x);
-            done = true;
-          }
-        }
-        if (!done) launch_dependent(matvec_x8_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
+        // One token without RoPE, Q4_0 / Q8_0: a warp per row with twice the blocks a pass
+        // (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured (H200, graph ms
+        // per 8B decode token, one call, alternating; a row pair a warp -> a row a warp): Q4_0
+        // 1.921 / 1.916 -> 1.907 / 1.900, Q8_0 2.653 / 2.654 -> 2.639 / 2.639. Only for grids
+        // within one wave it was between the two (1.914 / 1.910); twice the blocks a pass on row
+        // pairs (no register bound) lost, Q8_0 2.690.
+        if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8))
+          launch_dependent(matvec_x8_kernel<T, 1, false, 2 * X8Blocks<T>, 8, true>, dim3(2 * g.x, g.y), b, 0,
+                           p.stream, s, x);
+        else
+          launch_dependent(matvec_x8_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
