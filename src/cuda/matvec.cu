@@ -19,6 +19,7 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_pipeline.h>
@@ -519,7 +520,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
-// Blocks a lane loads per row and pass, by default (matvec_x8_kernel's KB).
+// Blocks a lane loads per row and pass, by default (matvec_reg_kernel's KB).
 template <int T> constexpr int X8Blocks = T == kQ4_0X8 ? 2 : 1;
 
 // Q4_0, Q8_0, Q4_K and Q6_K in the x8 layouts (matmul.cuh, x8_type), decode batches of NT tokens and expert
@@ -543,17 +544,19 @@ template <int T> constexpr int X8Blocks = T == kQ4_0X8 ? 2 : 1;
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
 template <int T, int NT, bool Rope, int KB = X8Blocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false>
-__global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, StagedAct x) {
-  static_assert(kIsX8<T>, "x8 layouts only");
-  // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), Q4_0 / Q8_0 without RoPE.
-  static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8)), "one row a warp: plain stores");
+__global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
+  static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
+  // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
+  static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
   Args first = sg.a[0];
   // The slots' experts come from the routing kernel (as in the stream kernel).
   if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
   const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
   {
     const int64_t xr = select_slot(first);
-    if constexpr (T == kQ4_KX8 || T == kQ6_KX8) {
+    if constexpr (Staged<T>::kPlain) {
+      x.x += xr * first.x_stride;
+    } else if constexpr (T == kQ4_KX8 || T == kQ6_KX8) {
       x.q8k = x.q8k.at_row(xr, first.n_in);
     } else {
       x.q8 += xr * first.n_in;
@@ -664,6 +667,38 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_x8_kernel(Segs sg, 
         for (int r = 0; r < kSRows; ++r)
           acc[r][t] += (dx * __half2float(__ushort_as_half(dr[r]))) * static_cast<float>(sumi[r]);
       }
+    }
+  } else if constexpr (Staged<T>::kPlain) {
+    // F16 / BF16 rows (16-byte aligned: staged_ok): lane j takes the 8-element groups j + 32 k,
+    // KB a row and pass, so each warp load is 512 contiguous bytes; x rows are f32 (the host's
+    // rounding, launch_act_round), 32 bytes a group, read after the dependency wait.
+    constexpr int kR = OneRow ? 1 : kSRows;
+    const int n_g = static_cast<int>(first.n_in / 8);
+    for (int g0 = 0; g0 < n_g; g0 += 32 * KB) {
+      uint4 wv[kR][KB];
+#pragma unroll
+      for (int k = 0; k < KB; ++k)
+        if (lane + 32 * k < n_g - g0)
+#pragma unroll
+          for (int r = 0; r < kR; ++r) wv[r][k] = __ldg(reinterpret_cast<const uint4*>(rows[r]) + g0 + 32 * k + lane);
+      // Weights are no kernel's output: the first pass's loads may overlap the kernel before
+      // (launch_dependent); x, y and the residual are read and written only after this.
+      if (g0 == 0) grid_dependency_wait();
+#pragma unroll
+      for (int k = 0; k < KB; ++k)
+        if (lane + 32 * k < n_g - g0)
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const float4* xp = reinterpret_cast<const float4*>(x.x + t * first.x_stride) + 2 * (g0 + 32 * k + lane);
+            const float4 x0 = xp[0], x1 = xp[1];
+#pragma unroll
+            for (int r = 0; r < kR; ++r) {
+              float e[8];
+              plain8_of<T>(wv[r][k], e);
+              acc[r][t] += e[0] * x0.x + e[1] * x0.y + e[2] * x0.z + e[3] * x0.w + e[4] * x1.x + e[5] * x1.y +
+                           e[6] * x1.z + e[7] * x1.w;
+            }
+          }
     }
   } else {
     constexpr int kR = OneRow ? 1 : kSRows;  // rows this warp computes
@@ -879,14 +914,19 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // grouped q/k/v; each warp's arithmetic, not the number of loads in flight, was then the limit.)
   const int64_t n_chunks = (p.n_in / Staged<T>::kBlockElems + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
   // (The x8 kernel: one warp per row pair, whatever ksplit says.)
-  int ks = kIsX8<T> ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
+  // AB-TEMP FRINK_AB_PLAIN (F16 / BF16): 0 the stream kernel; matvec_reg_kernel with 1 row
+  // pairs KB 2, 2 row pairs KB 4, 3 a row a warp KB 4 (one token without RoPE; else as 1),
+  // 4 a row a warp KB 2.
+  static const int plain_v = [] { const char* e = std::getenv("FRINK_AB_PLAIN"); return e ? std::atoi(e) : 1; }();
+  const bool reg = kIsX8<T> || (Staged<T>::kPlain && plain_v != 0);
+  int ks = reg ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
   // Four warps per row pair over more than one wave of resident blocks, where two warps per row
   // pair in three-stage blocks fit one: two (the 8B Q8_0 down, 2048 blocks of four warps
   // against ~1584 resident, and the BF16 wo and down). The same second, partial wave as for
   // the Q4_0 down (matvec_ksplit). Measured (H200, 8B tg128 graph, one call, alternating):
   // Q8_0 3.430 / 3.428 -> 3.343 / 3.337 ms, BF16 4.749 / 4.755 -> 4.624 / 4.608.
   if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk && !kIsX8<T>)
-    if (ks == 4 && p.ksplit == 0 && n_chunks >= kThreeStageMinChunks) {
+    if (!reg && ks == 4 && p.ksplit == 0 && n_chunks >= kThreeStageMinChunks) {
       const int64_t r4 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 4, false>));
       const int64_t r2 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 2, false, 3>));
       if (groups > r4 && (groups * 2 + kSWarps - 1) / kSWarps <= r2) ks = 2;
@@ -901,6 +941,20 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
+      if constexpr (Staged<T>::kPlain) {
+        if (reg) {
+          if constexpr (NT == 1 && !R) {
+            if (plain_v == 3 || plain_v == 4) {
+              if (plain_v == 3) launch_dependent(matvec_reg_kernel<T, 1, false, 4, 8, true>, dim3(2 * g.x, g.y), b, 0, p.stream, s, x);
+              else launch_dependent(matvec_reg_kernel<T, 1, false, 2, 8, true>, dim3(2 * g.x, g.y), b, 0, p.stream, s, x);
+              return;
+            }
+          }
+          if (plain_v == 2) launch_dependent(matvec_reg_kernel<T, NT, R, 4, 0>, g, b, 0, p.stream, s, x);
+          else launch_dependent(matvec_reg_kernel<T, NT, R, 2>, g, b, 0, p.stream, s, x);
+          return;
+        }
+      }
       if constexpr (kIsX8<T>) {
         // One token without RoPE, Q4_0 / Q8_0: a warp per row with twice the blocks a pass
         // (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured (H200, graph ms
@@ -909,10 +963,10 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // within one wave it was between the two (1.914 / 1.910); twice the blocks a pass on row
         // pairs (no register bound) lost, Q8_0 2.690.
         if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8))
-          launch_dependent(matvec_x8_kernel<T, 1, false, 2 * X8Blocks<T>, 8, true>, dim3(2 * g.x, g.y), b, 0,
+          launch_dependent(matvec_reg_kernel<T, 1, false, 2 * X8Blocks<T>, 8, true>, dim3(2 * g.x, g.y), b, 0,
                            p.stream, s, x);
         else
-          launch_dependent(matvec_x8_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
+          launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
