@@ -520,6 +520,30 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
+// A weight load of matvec_reg_kernel: Ld 0 __ldg; 1 (AB-TEMP) ld.global.nc.L1::no_allocate, so
+// the streamed weights do not evict the activation rows the warps of a SM share from L1.
+template <int Ld, class V>
+__device__ __forceinline__ V ldw(const V* p) {
+  if constexpr (Ld == 0) {
+    return __ldg(p);
+  } else if constexpr (sizeof(V) == 16) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return *reinterpret_cast<V*>(&v);
+  } else if constexpr (sizeof(V) == 8) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return *reinterpret_cast<V*>(&v);
+  } else {
+    static_assert(sizeof(V) == 2, "16-, 8- and 2-byte weight loads");
+    unsigned short v;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return *reinterpret_cast<V*>(&v);
+  }
+}
+
 // Blocks a lane loads per row and pass, by default (matvec_reg_kernel's KB).
 template <int T> constexpr int X8Blocks = T == kQ4_0X8 ? 2 : 1;
 
@@ -543,11 +567,12 @@ template <int T> constexpr int X8Blocks = T == kQ4_0X8 ? 2 : 1;
 // reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
-template <int T, int NT, bool Rope, int KB = X8Blocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false>
+template <int T, int NT, bool Rope, int KB = X8Blocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false, int Ld = 0>
 __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
   static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
+  static_assert(OneRow || !Staged<T>::kPlain, "F16 / BF16: a row a warp (the stream kernel takes the rest)");
   Args first = sg.a[0];
   // The slots' experts come from the routing kernel (as in the stream kernel).
   if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
@@ -600,9 +625,9 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
 #pragma unroll
       for (int r = 0; r < kSRows; ++r) {
         const uint8_t* at = rows[r] + int64_t{ti} * kTile;
-        hd[r] = __ldg(reinterpret_cast<const uint4*>(at) + sb);
+        hd[r] = ldw<Ld>(reinterpret_cast<const uint4*>(at) + sb);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) qv[r][h] = __ldg(reinterpret_cast<const int4*>(at + 128 + 512 * h) + lane);
+        for (int h = 0; h < 2; ++h) qv[r][h] = ldw<Ld>(reinterpret_cast<const int4*>(at + 128 + 512 * h) + lane);
       }
       // Weights are no kernel's output: the first tile's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
@@ -639,13 +664,13 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
 #pragma unroll
       for (int r = 0; r < kSRows; ++r) {
         const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
-        const uint2 a0 = __ldg(reinterpret_cast<const uint2*>(at + 64 * s) + k);
-        const uint2 a1 = __ldg(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
-        const uint2 a2 = __ldg(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
-        const uint2 a3 = __ldg(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
+        const uint2 a0 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 64 * s) + k);
+        const uint2 a1 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
+        const uint2 a2 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
+        const uint2 a3 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
         ql0[r][0] = a0.x, ql0[r][1] = a0.y, ql1[r][0] = a1.x, ql1[r][1] = a1.y;
         qh[r][0] = a2.x, qh[r][1] = a2.y, sc[r][0] = a3.x, sc[r][1] = a3.y;
-        dr[r] = __ldg(reinterpret_cast<const unsigned short*>(at + 1664) + s);
+        dr[r] = ldw<Ld>(reinterpret_cast<const unsigned short*>(at + 1664) + s);
       }
       // Weights are no kernel's output: the first pass's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
@@ -680,7 +705,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
       for (int k = 0; k < KB; ++k)
         if (lane + 32 * k < n_g - g0)
 #pragma unroll
-          for (int r = 0; r < kR; ++r) wv[r][k] = __ldg(reinterpret_cast<const uint4*>(rows[r]) + g0 + 32 * k + lane);
+          for (int r = 0; r < kR; ++r) wv[r][k] = ldw<Ld>(reinterpret_cast<const uint4*>(rows[r]) + g0 + 32 * k + lane);
       // Weights are no kernel's output: the first pass's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
       if (g0 == 0) grid_dependency_wait();
@@ -722,8 +747,8 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
           for (int r = 0; r < kR; ++r) {
             const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
   #pragma unroll
-            for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = __ldg(reinterpret_cast<const int4*>(at + qj) + i);
-            ps.d[r][k] = __ldg(reinterpret_cast<const unsigned short*>(at + dj));
+            for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw<Ld>(reinterpret_cast<const int4*>(at + qj) + i);
+            ps.d[r][k] = ldw<Ld>(reinterpret_cast<const unsigned short*>(at + dj));
           }
     };
     const int8_t* const xq = x.q8 + 32 * lane;
@@ -914,19 +939,14 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // grouped q/k/v; each warp's arithmetic, not the number of loads in flight, was then the limit.)
   const int64_t n_chunks = (p.n_in / Staged<T>::kBlockElems + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
   // (The x8 kernel: one warp per row pair, whatever ksplit says.)
-  // AB-TEMP FRINK_AB_PLAIN (F16 / BF16): 0 the stream kernel; matvec_reg_kernel with 1 row
-  // pairs KB 2, 2 row pairs KB 4, 3 a row a warp KB 4 (one token without RoPE; else as 1),
-  // 4 a row a warp KB 2.
-  static const int plain_v = [] { const char* e = std::getenv("FRINK_AB_PLAIN"); return e ? std::atoi(e) : 1; }();
-  const bool reg = kIsX8<T> || (Staged<T>::kPlain && plain_v != 0);
-  int ks = reg ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
+  int ks = kIsX8<T> ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
   // Four warps per row pair over more than one wave of resident blocks, where two warps per row
   // pair in three-stage blocks fit one: two (the 8B Q8_0 down, 2048 blocks of four warps
   // against ~1584 resident, and the BF16 wo and down). The same second, partial wave as for
   // the Q4_0 down (matvec_ksplit). Measured (H200, 8B tg128 graph, one call, alternating):
   // Q8_0 3.430 / 3.428 -> 3.343 / 3.337 ms, BF16 4.749 / 4.755 -> 4.624 / 4.608.
   if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk && !kIsX8<T>)
-    if (!reg && ks == 4 && p.ksplit == 0 && n_chunks >= kThreeStageMinChunks) {
+    if (ks == 4 && p.ksplit == 0 && n_chunks >= kThreeStageMinChunks) {
       const int64_t r4 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 4, false>));
       const int64_t r2 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 2, false, 3>));
       if (groups > r4 && (groups * 2 + kSWarps - 1) / kSWarps <= r2) ks = 2;
@@ -941,32 +961,30 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
-      if constexpr (Staged<T>::kPlain) {
-        if (reg) {
-          if constexpr (NT == 1 && !R) {
-            if (plain_v == 3 || plain_v == 4) {
-              if (plain_v == 3) launch_dependent(matvec_reg_kernel<T, 1, false, 4, 8, true>, dim3(2 * g.x, g.y), b, 0, p.stream, s, x);
-              else launch_dependent(matvec_reg_kernel<T, 1, false, 2, 8, true>, dim3(2 * g.x, g.y), b, 0, p.stream, s, x);
-              return;
-            }
+      // AB-TEMP FRINK_AB_LDW=1: one-token weight loads without L1 allocation (ldw).
+      static const int ldw_v = [] { const char* e = std::getenv("FRINK_AB_LDW"); return e ? std::atoi(e) : 0; }();
+      if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)) {
+        // One token without RoPE, Q4_0 / Q8_0 x8 and F16 / BF16: a warp per row with twice the
+        // blocks a pass (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured
+        // (H200, graph ms per 8B decode token, one call, alternating; a row pair a warp -> a row
+        // a warp): Q4_0 1.921 / 1.916 -> 1.907 / 1.900, Q8_0 2.653 / 2.654 -> 2.639 / 2.639; only
+        // for grids within one wave it was between the two (1.914 / 1.910); twice the blocks a
+        // pass on row pairs (no register bound) lost, Q8_0 2.690. BF16 (the stream kernel
+        // before, KS 2-4 warps a row pair through shared memory) 4.569 / 4.554 -> 4.440 / 4.438
+        // (4 groups of 8 elements a lane a pass; 2 gave 4.460 / 4.461), where row pairs in
+        // registers lost (4.614 / 4.607 with 2 groups a pass, 4.873 / 4.871 with 4).
+        constexpr int kb = Staged<T>::kPlain ? 4 : 2 * X8Blocks<T>;
+        const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
+        if (ldw_v == 1) launch_dependent(matvec_reg_kernel<T, 1, false, kb, 8, true, 1>, gr, b, 0, p.stream, s, x);
+        else launch_dependent(matvec_reg_kernel<T, 1, false, kb, 8, true>, gr, b, 0, p.stream, s, x);
+      } else if constexpr (kIsX8<T>) {
+        bool done = false;
+        if constexpr (NT == 1)
+          if (ldw_v == 1) {
+            launch_dependent(matvec_reg_kernel<T, 1, R, X8Blocks<T>, 8, false, 1>, g, b, 0, p.stream, s, x);
+            done = true;
           }
-          if (plain_v == 2) launch_dependent(matvec_reg_kernel<T, NT, R, 4, 0>, g, b, 0, p.stream, s, x);
-          else launch_dependent(matvec_reg_kernel<T, NT, R, 2>, g, b, 0, p.stream, s, x);
-          return;
-        }
-      }
-      if constexpr (kIsX8<T>) {
-        // One token without RoPE, Q4_0 / Q8_0: a warp per row with twice the blocks a pass
-        // (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured (H200, graph ms
-        // per 8B decode token, one call, alternating; a row pair a warp -> a row a warp): Q4_0
-        // 1.921 / 1.916 -> 1.907 / 1.900, Q8_0 2.653 / 2.654 -> 2.639 / 2.639. Only for grids
-        // within one wave it was between the two (1.914 / 1.910); twice the blocks a pass on row
-        // pairs (no register bound) lost, Q8_0 2.690.
-        if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8))
-          launch_dependent(matvec_reg_kernel<T, 1, false, 2 * X8Blocks<T>, 8, true>, dim3(2 * g.x, g.y), b, 0,
-                           p.stream, s, x);
-        else
-          launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
+        if (!done) launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
