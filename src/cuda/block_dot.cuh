@@ -478,26 +478,8 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
         for (int r = 0; r < R; ++r) acc[r][t] += (dx * dw[r]) * static_cast<float>(sumi[r][t]);
       }
     }
-  } else {  // F16 / BF16: 8 elements (16 bytes) per lane step; x rows are f32
-    for (int g = lane; g < nb / 8; g += 32) {
-      const int64_t e0 = b0 + 8 * g;
-      float4 x0[NT], x1[NT];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const float4* xp = reinterpret_cast<const float4*>(x.x + t * a.x_stride + e0);
-        x0[t] = xp[0];
-        x1[t] = xp[1];
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float w[8];
-        plain8_of<T>(*reinterpret_cast<const uint4*>(s + r * rs + 16 * g), w);
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-          acc[r][t] += w[0] * x0[t].x + w[1] * x0[t].y + w[2] * x0[t].z + w[3] * x0[t].w + w[4] * x1[t].x +
-                       w[5] * x1[t].y + w[6] * x1[t].z + w[7] * x1[t].w;
-      }
-    }
+  } else {
+    static_assert(T != T, "F16 / BF16 rows are read in place (matvec.cu, matvec_reg_kernel)");
   }
 }
 

@@ -247,6 +247,7 @@ __device__ __forceinline__ void seg_store_rope(const Segs& sg, int seg, int64_t 
 template <int T, int NT, int KS, bool Rope = false, int S = kStages>
 __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 ? 12 : 0)
     matvec_stream_kernel(Segs sg, StagedAct x) {
+  static_assert(!Staged<T>::kPlain, "F16 / BF16 rows go to matvec_reg_kernel");
   static_assert(KS == 1 || KS == 2 || KS == 4, "warps per row pair");
   constexpr int kChunk = Staged<T>::kChunk;
   constexpr int kPairs = kSWarps / KS;  // row pairs per block
@@ -261,8 +262,7 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
   {
     const int64_t xr = select_slot(first);
-    if constexpr (Staged<T>::kPlain) x.x += xr * first.x_stride;
-    else if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, first.n_in);
+    if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, first.n_in);
     else {
       x.q8 += xr * first.n_in;
       x.d8 += xr * (first.n_in / 32);
@@ -388,13 +388,8 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
       const uint8_t* src = rows[r];
       // Quantized chunks: a fixed count of predicated copies per lane (a loop to `bytes`
       // compiled to an unrolled loop with remainder branches: with the cursors above, 8B graph
-      // Q4_0 -4.6%, Q8_0 -3.3%, Q4_K_M -5.1%). F16/BF16 keep the loop: their two copies a lane
-      // took 40 registers the fixed way, and 4.632 / 4.629 / 4.655 ms against 4.608 / 4.606 / 4.609
-      // (H200, one call, alternating).
-      if constexpr (Staged<T>::kPlain) {
-        uint8_t* dst = sm[warp][it % S][r];
-        for (int i = lane * 16; i < bytes; i += 32 * 16) __pipeline_memcpy_async(dst + i, src + i, 16);
-      } else {
+      // Q4_0 -4.6%, Q8_0 -3.3%, Q4_K_M -5.1%).
+      {
         // The lane's copies at constant offsets from its first (512 bytes apart), which ptxas
         // folds into the copy's address: with the offset 16 (lane + 32 k) added per copy, each
         // cost a 64-bit add (SASS, fourteenth session).
@@ -544,8 +539,9 @@ __device__ __forceinline__ V ldw(const V* p) {
   }
 }
 
-// Blocks a lane loads per row and pass, by default (matvec_reg_kernel's KB).
-template <int T> constexpr int X8Blocks = T == kQ4_0X8 ? 2 : 1;
+// Blocks (F16 / BF16: groups of 8 elements) a lane loads per row and pass, by default
+// (matvec_reg_kernel's KB).
+template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2 : 1;
 
 // Q4_0, Q8_0, Q4_K and Q6_K in the x8 layouts (matmul.cuh, x8_type), decode batches of NT tokens and expert
 // slots: one warp per row pair of the launch's products (Segs, the stream kernel's index space
@@ -567,12 +563,11 @@ template <int T> constexpr int X8Blocks = T == kQ4_0X8 ? 2 : 1;
 // reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
-template <int T, int NT, bool Rope, int KB = X8Blocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false, int Ld = 0>
+template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false, int Ld = 0>
 __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
   static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
-  static_assert(OneRow || !Staged<T>::kPlain, "F16 / BF16: a row a warp (the stream kernel takes the rest)");
   Args first = sg.a[0];
   // The slots' experts come from the routing kernel (as in the stream kernel).
   if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
@@ -938,14 +933,15 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // warps, each walking several row pairs with 3 stages: slower on every product but the
   // grouped q/k/v; each warp's arithmetic, not the number of loads in flight, was then the limit.)
   const int64_t n_chunks = (p.n_in / Staged<T>::kBlockElems + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
-  // (The x8 kernel: one warp per row pair, whatever ksplit says.)
-  int ks = kIsX8<T> ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
+  // (matvec_reg_kernel, for the x8 layouts and F16 / BF16: a warp per row or row pair, whatever ksplit says.)
+  constexpr bool kReg = kIsX8<T> || Staged<T>::kPlain;
+  int ks = kReg ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
   // Four warps per row pair over more than one wave of resident blocks, where two warps per row
   // pair in three-stage blocks fit one: two (the 8B Q8_0 down, 2048 blocks of four warps
   // against ~1584 resident, and the BF16 wo and down). The same second, partial wave as for
   // the Q4_0 down (matvec_ksplit). Measured (H200, 8B tg128 graph, one call, alternating):
   // Q8_0 3.430 / 3.428 -> 3.343 / 3.337 ms, BF16 4.749 / 4.755 -> 4.624 / 4.608.
-  if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk && !kIsX8<T>)
+  if constexpr (Staged<T>::kChunk <= kThreeStageMaxChunk && !kReg)
     if (ks == 4 && p.ksplit == 0 && n_chunks >= kThreeStageMinChunks) {
       const int64_t r4 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 4, false>));
       const int64_t r2 = stream_resident(reinterpret_cast<const void*>(matvec_stream_kernel<T, 1, 2, false, 3>));
@@ -972,16 +968,18 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // pass on row pairs (no register bound) lost, Q8_0 2.690. BF16 (the stream kernel
         // before, KS 2-4 warps a row pair through shared memory) 4.569 / 4.554 -> 4.440 / 4.438
         // (4 groups of 8 elements a lane a pass; 2 gave 4.460 / 4.461), where row pairs in
-        // registers lost (4.614 / 4.607 with 2 groups a pass, 4.873 / 4.871 with 4).
-        constexpr int kb = Staged<T>::kPlain ? 4 : 2 * X8Blocks<T>;
+        // registers lost (4.614 / 4.607 with 2 groups a pass, 4.873 / 4.871 with 4) as the
+        // kernel of every BF16 launch; they stay for the rest (RoPE, four tokens): the
+        // measured 4.440 ran so, and the RoPE store then adds in the order a plain product does.
+        constexpr int kb = 2 * RegBlocks<T>;
         const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
         if (ldw_v == 1) launch_dependent(matvec_reg_kernel<T, 1, false, kb, 8, true, 1>, gr, b, 0, p.stream, s, x);
         else launch_dependent(matvec_reg_kernel<T, 1, false, kb, 8, true>, gr, b, 0, p.stream, s, x);
-      } else if constexpr (kIsX8<T>) {
+      } else if constexpr (kReg) {
         bool done = false;
         if constexpr (NT == 1)
           if (ldw_v == 1) {
-            launch_dependent(matvec_reg_kernel<T, 1, R, X8Blocks<T>, 8, false, 1>, g, b, 0, p.stream, s, x);
+            launch_dependent(matvec_reg_kernel<T, 1, R, RegBlocks<T>, 8, false, 1>, g, b, 0, p.stream, s, x);
             done = true;
           }
         if (!done) launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
