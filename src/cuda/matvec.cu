@@ -515,8 +515,12 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
-// A weight load of matvec_reg_kernel: Ld 0 __ldg; 1 (AB-TEMP) ld.global.nc.L1::no_allocate, so
-// the streamed weights do not evict the activation rows the warps of a SM share from L1.
+// A weight load of matvec_reg_kernel: Ld 0 __ldg; 1 ld.global.nc.L1::no_allocate, so the
+// streamed weights do not take L1 lines from the activation rows the warps of a SM share.
+// Measured (H200, graph ms per decode token, one call, alternating __ldg -> no_allocate, two
+// rounds): 8B BF16 4.431 / 4.436 -> 4.385 / 4.389, Q4_0 1.888 / 1.887 -> 1.869 / 1.872, Q4_K_M
+// 2.288 / 2.291 -> 2.239 / 2.229, qwen3-30b-a3b Q4_0 2.434 / 2.541 -> 2.412 / 2.532; but Q8_0
+// 2.609 / 2.612 -> 2.723 / 2.726, so Q8_0 keeps __ldg (RegLd).
 template <int Ld, class V>
 __device__ __forceinline__ V ldw(const V* p) {
   if constexpr (Ld == 0) {
@@ -538,6 +542,8 @@ __device__ __forceinline__ V ldw(const V* p) {
     return *reinterpret_cast<V*>(&v);
   }
 }
+
+template <int T> constexpr int RegLd = T == kQ8_0X8 ? 0 : 1;
 
 // Blocks (F16 / BF16: groups of 8 elements) a lane loads per row and pass, by default
 // (matvec_reg_kernel's KB).
@@ -563,7 +569,7 @@ template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2
 // reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
-template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false, int Ld = 0>
+template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false, int Ld = RegLd<T>>
 __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
@@ -957,8 +963,8 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
-      // AB-TEMP FRINK_AB_LDW=1: one-token weight loads without L1 allocation (ldw).
-      static const int ldw_v = [] { const char* e = std::getenv("FRINK_AB_LDW"); return e ? std::atoi(e) : 0; }();
+      // AB-TEMP FRINK_AB_EXPROW=1: expert slots on row pairs, not a row a warp.
+      static const bool exp_pairs = std::getenv("FRINK_AB_EXPROW") != nullptr;
       if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)) {
         // One token without RoPE, Q4_0 / Q8_0 x8 and F16 / BF16: a warp per row with twice the
         // blocks a pass (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured
@@ -973,16 +979,10 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // measured 4.440 ran so, and the RoPE store then adds in the order a plain product does.
         constexpr int kb = 2 * RegBlocks<T>;
         const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
-        if (ldw_v == 1) launch_dependent(matvec_reg_kernel<T, 1, false, kb, 8, true, 1>, gr, b, 0, p.stream, s, x);
+        if (exp_pairs && p.slot_expert) launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
         else launch_dependent(matvec_reg_kernel<T, 1, false, kb, 8, true>, gr, b, 0, p.stream, s, x);
       } else if constexpr (kReg) {
-        bool done = false;
-        if constexpr (NT == 1)
-          if (ldw_v == 1) {
-            launch_dependent(matvec_reg_kernel<T, 1, R, RegBlocks<T>, 8, false, 1>, g, b, 0, p.stream, s, x);
-            done = true;
-          }
-        if (!done) launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
+        launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
