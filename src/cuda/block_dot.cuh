@@ -49,7 +49,7 @@ template <> struct Staged<kF16> : StagedGeom<kF16, 512> {};
 // GGUF type, so an id no type has; Q4_0's geometry and activation.
 constexpr int kQ4_0Pairs = 1000 + kQ4_0;
 template <> struct Staged<kQ4_0Pairs> : StagedGeom<kQ4_0, 64> {};
-// x8 rows are read in place (matvec_x8_kernel), never staged: their file type's geometry for
+// x8 rows are read in place (matvec_reg_kernel), never staged: their file type's geometry for
 // the launch's arithmetic (blocks a row), the same bytes.
 template <> struct Staged<kQ4_0X8> : StagedGeom<kQ4_0, 64> {};
 template <> struct Staged<kQ8_0X8> : StagedGeom<kQ8_0, 32> {};

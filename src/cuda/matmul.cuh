@@ -143,7 +143,7 @@ bool matmul_supported(int type);
 // lanes read (Q4_K: the 8 headers, then the quants interleaved in 16-byte words).
 // The file's bytes, reordered inside each group. Why: a lane then reads its block's quants as
 // aligned 16-byte loads next to its neighbours' (coalesced), so the decode kernel (matvec.cu,
-// matvec_x8_kernel) reads rows straight into registers, where the 18- and 34-byte blocks (2-byte
+// matvec_reg_kernel) reads rows straight into registers, where the 18- and 34-byte blocks (2-byte
 // aligned) and Q4_K's 144-byte super-blocks (a lane's loads 144 bytes from the next lane's) had
 // to be staged through shared memory first.
 // x8_type: the type id a matrix of `type` and width n_in is kept as on the device.

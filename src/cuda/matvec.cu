@@ -19,7 +19,6 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
-#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_pipeline.h>
@@ -549,9 +548,10 @@ template <int T> constexpr int RegLd = T == kQ8_0X8 ? 0 : 1;
 // (matvec_reg_kernel's KB).
 template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2 : 1;
 
-// Q4_0, Q8_0, Q4_K and Q6_K in the x8 layouts (matmul.cuh, x8_type), decode batches of NT tokens and expert
-// slots: one warp per row pair of the launch's products (Segs, the stream kernel's index space
-// and store), read straight into registers. Lane j takes blocks j, j + 32, ...: a block's
+// Q4_0, Q8_0, Q4_K and Q6_K in the x8 layouts (matmul.cuh, x8_type), and F16 / BF16 rows, decode
+// batches of NT tokens and expert slots: one warp per row pair (or per row: OneRow) of the
+// launch's products (Segs, the stream kernel's index space and store), read straight into
+// registers. Lane j takes blocks j, j + 32, ...: a block's
 // quants are one (Q4_0) or two (Q8_0) 16-byte loads and its scale one 2-byte load, and the lanes' loads are
 // coalesced (8 lanes read a group's 128 bytes of quants). The stream kernel staged the same
 // bytes through shared memory (cp.async, a 2-byte aligned layout) and spent most of its
@@ -963,25 +963,27 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
-      // AB-TEMP FRINK_AB_EXPROW=1: expert slots on row pairs, not a row a warp.
-      static const bool exp_pairs = std::getenv("FRINK_AB_EXPROW") != nullptr;
-      if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)) {
-        // One token without RoPE, Q4_0 / Q8_0 x8 and F16 / BF16: a warp per row with twice the
-        // blocks a pass (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured
-        // (H200, graph ms per 8B decode token, one call, alternating; a row pair a warp -> a row
-        // a warp): Q4_0 1.921 / 1.916 -> 1.907 / 1.900, Q8_0 2.653 / 2.654 -> 2.639 / 2.639; only
-        // for grids within one wave it was between the two (1.914 / 1.910); twice the blocks a
-        // pass on row pairs (no register bound) lost, Q8_0 2.690. BF16 (the stream kernel
-        // before, KS 2-4 warps a row pair through shared memory) 4.569 / 4.554 -> 4.440 / 4.438
-        // (4 groups of 8 elements a lane a pass; 2 gave 4.460 / 4.461), where row pairs in
-        // registers lost (4.614 / 4.607 with 2 groups a pass, 4.873 / 4.871 with 4) as the
-        // kernel of every BF16 launch; they stay for the rest (RoPE, four tokens): the
-        // measured 4.440 ran so, and the RoPE store then adds in the order a plain product does.
-        constexpr int kb = 2 * RegBlocks<T>;
-        const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
-        if (exp_pairs && p.slot_expert) launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
-        else launch_dependent(matvec_reg_kernel<T, 1, false, kb, 8, true>, gr, b, 0, p.stream, s, x);
-      } else if constexpr (kReg) {
+      if constexpr (kReg) {
+        if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)) {
+          // One token without RoPE, Q4_0 / Q8_0 x8 and F16 / BF16: a warp per row with twice the
+          // blocks a pass (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured
+          // (H200, graph ms per 8B decode token, one call, alternating; a row pair a warp -> a row
+          // a warp): Q4_0 1.921 / 1.916 -> 1.907 / 1.900, Q8_0 2.653 / 2.654 -> 2.639 / 2.639; only
+          // for grids within one wave it was between the two (1.914 / 1.910); twice the blocks a
+          // pass on row pairs (no register bound) lost, Q8_0 2.690. BF16 (the stream kernel
+          // before, KS 2-4 warps a row pair through shared memory) 4.569 / 4.554 -> 4.440 / 4.438
+          // (4 groups of 8 elements a lane a pass; 2 gave 4.460 / 4.461), where row pairs in
+          // registers lost (4.614 / 4.607 with 2 groups a pass, 4.873 / 4.871 with 4) as the
+          // kernel of every BF16 launch; they stay for the rest (RoPE, four tokens): the
+          // measured 4.440 ran so, and the RoPE store then adds in the order a plain product does.
+          // Expert slots keep row pairs: a row a warp ran qwen3-30b-a3b Q4_0 at 2.421 / 2.422 ms a
+          // token against 2.257 / 2.257 (one call, alternating).
+          if (!p.slot_expert) {
+            const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
+            launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true>, gr, b, 0, p.stream, s, x);
+            return;
+          }
+        }
         launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):

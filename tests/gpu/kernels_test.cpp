@@ -973,7 +973,7 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
 // (matvec.cu one_wave_x): each slot's rows still equal a plain product with its expert, bit
 // for bit. 8 to 24 slots put the grid (1536 to 4608 blocks) in (one wave, two] for any device
 // holding 768 to 3072 blocks at once (an H200: ~1320). The same for the x8 layouts' kernel
-// (matvec_x8_kernel, one warp per row pair; Q4_0, Q4_K and Q6_K), and with a bias and expert
+// (matvec_reg_kernel, one warp per row pair; Q4_0, Q4_K and Q6_K), and with a bias and expert
 // scales on up.
 TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
   FRINK_REQUIRE_GPU();
