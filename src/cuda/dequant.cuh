@@ -18,8 +18,8 @@ enum DevType : int {
   kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
   kBF16 = 30, kMXFP4 = 39,
-  // Q4_0, Q8_0 and Q4_K as the device keeps them where rows are whole groups of 8 blocks
-  // (matmul.cuh, x8_type): no GGUF types, so ids none has.
+  // Q4_0, Q8_0, Q4_K and Q6_K as the device keeps them where rows are whole groups of 8
+  // blocks or tiles of 8 super-blocks (matmul.cuh, x8_type): no GGUF types, so ids none has.
   kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0, kQ4_KX8 = 2000 + kQ4_K, kQ6_KX8 = 2000 + kQ6_K,
 };
 template <int T> constexpr bool kIsX8 = T == kQ4_0X8 || T == kQ8_0X8 || T == kQ4_KX8 || T == kQ6_KX8;

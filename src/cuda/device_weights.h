@@ -1,7 +1,7 @@
 // Device residency: a model's weights uploaded ONCE, each matrix in its GGUF block format
 // (dequantized inside the kernels, never widened on the device), 1-D vectors as f32. Q4_0,
-// Q8_0 and Q4_K matrices of suitable widths keep the same blocks and bytes, reordered within
-// each group of 8 (matmul.cuh, x8_type), so decode lanes load them coalesced.
+// Q8_0, Q4_K and Q6_K matrices of suitable widths keep the same blocks and bytes, reordered
+// within each group of 8 (matmul.cuh, x8_type), so decode lanes load them coalesced.
 // Layers the device refuses are not uploaded. Upload progress and the device memory used
 // are logged (info level).
 #pragma once

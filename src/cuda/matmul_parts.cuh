@@ -84,8 +84,8 @@ __device__ __forceinline__ void store_row(const Args& a, int64_t row, const floa
 // kActDp4aK: to int8 Q8_K blocks (f32 scale per 256, int sums per 32) for the K-quant one.
 enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16, kActDp4a, kActDp4aK };
 
-// The types whose matrix-vector kernels read x quantized for dp4a (matvec.cu's stream and x8
-// kernels): as int8 Q8_0 blocks (kActDp4a), or as Q8_K blocks (kActDp4aK); kActNone otherwise.
+// The types whose matrix-vector kernels read x quantized for dp4a (matvec.cu's stream and
+// register kernels): as int8 Q8_0 blocks (kActDp4a), or as Q8_K blocks (kActDp4aK); kActNone otherwise.
 constexpr ActRound dp4a_act_for(int type) {
   switch (type) {
     case kQ4_0: case kQ4_0X8: case kQ8_0: case kQ8_0X8: return kActDp4a;

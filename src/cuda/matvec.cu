@@ -384,24 +384,20 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
     const int bytes = chunk_blocks(c) * Staged<T>::kBlockBytes;
 #pragma unroll
     for (int r = 0; r < kSRows; ++r) {
-      const uint8_t* src = rows[r];
       // Quantized chunks: a fixed count of predicated copies per lane (a loop to `bytes`
       // compiled to an unrolled loop with remainder branches: with the cursors above, 8B graph
-      // Q4_0 -4.6%, Q8_0 -3.3%, Q4_K_M -5.1%).
-      {
-        // The lane's copies at constant offsets from its first (512 bytes apart), which ptxas
-        // folds into the copy's address: with the offset 16 (lane + 32 k) added per copy, each
-        // cost a 64-bit add (SASS, fourteenth session).
-        const uint32_t dst = sm_lane + static_cast<uint32_t>(((it % S) * kSRows + r) * kChunk);
-        const uint8_t* const src_l = src + 16 * lane;
-        const int lim = bytes - 16 * lane;  // copy k when 512 k < lim
-        constexpr int kPerLane = (kChunk / 16 + 31) / 32;
+      // Q4_0 -4.6%, Q8_0 -3.3%, Q4_K_M -5.1%). The lane's copies at constant offsets from its
+      // first (512 bytes apart), which ptxas folds into the copy's address: with the offset
+      // 16 (lane + 32 k) added per copy, each cost a 64-bit add (SASS, fourteenth session).
+      const uint32_t dst = sm_lane + static_cast<uint32_t>(((it % S) * kSRows + r) * kChunk);
+      const uint8_t* const src_l = rows[r] + 16 * lane;
+      const int lim = bytes - 16 * lane;  // copy k when 512 k < lim
+      constexpr int kPerLane = (kChunk / 16 + 31) / 32;
 #pragma unroll
-        for (int k = 0; k < kPerLane; ++k)
-          if (512 * k < lim)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 512 * k), "l"(src_l + 512 * k)
-                         : "memory");
-      }
+      for (int k = 0; k < kPerLane; ++k)
+        if (512 * k < lim)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 512 * k), "l"(src_l + 512 * k)
+                       : "memory");
     }
   };
   auto store = [&](int seg, int64_t row0, int r, const float (&v)[NT]) {

@@ -104,9 +104,9 @@ inline cuda::MatmulParams mat_params(GgmlType t, const void* w, int64_t n_in, in
   return p;
 }
 
-// Rows of type t (Q4_0 or Q8_0) at w (n_bytes on the device, rows of whole 8-block groups)
-// reordered in place as the device keeps them (matmul.cuh, x8_type); returns the type id
-// products of them take.
+// Rows of type t (Q4_0, Q8_0, Q4_K or Q6_K) at w (n_bytes on the device, rows of whole groups
+// of 8 blocks or tiles of 8 super-blocks) reordered in place as the device keeps them
+// (matmul.cuh, x8_type); returns the type id products of them take.
 inline int to_x8(GgmlType t, void* w, size_t n_bytes, int64_t n_in) {
   cuda::repack_x8(static_cast<int>(t), w, n_bytes, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
