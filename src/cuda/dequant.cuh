@@ -72,7 +72,8 @@ template <> struct BlockGeom<kQ6_K> { static constexpr int kElems = 256, kBytes 
 template <> struct BlockGeom<kIQ4_NL> { static constexpr int kElems = 32, kBytes = 18; };
 template <> struct BlockGeom<kIQ4_XS> { static constexpr int kElems = 256, kBytes = 136; };
 template <> struct BlockGeom<kMXFP4> { static constexpr int kElems = 32, kBytes = 17; };
-// A group of 8 Q4_0 / Q8_0 blocks: their 8 x 16 / 8 x 32 bytes of quants, then their 8 f16 scales.
+// A group of 8 Q4_0 / Q8_0 blocks: their quants, then their 8 f16 scales. The quants in 16-byte
+// words, word h of block k at 128 h + 16 k (Q4_0: one word a block, so block k at 16 k).
 template <> struct BlockGeom<kQ4_0X8> { static constexpr int kElems = 256, kBytes = 144; };
 template <> struct BlockGeom<kQ8_0X8> { static constexpr int kElems = 256, kBytes = 272; };
 // A tile of 8 Q4_K super-blocks: their 16-byte headers (d, dmin, 12 scale bytes), then the
@@ -121,7 +122,7 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
   } else if constexpr (T == kQ8_0X8) {
     const float d = h2f(b + 256 + 2 * j);
 #pragma unroll
-    for (int l = 0; l < 32; ++l) out[l] = static_cast<int8_t>(b[32 * j + l]) * d;
+    for (int l = 0; l < 32; ++l) out[l] = static_cast<int8_t>(b[128 * (l / 16) + 16 * j + l % 16]) * d;
   } else if constexpr (T == kQ8_0) {
     const float d = h2f(b);
 #pragma unroll
@@ -251,6 +252,13 @@ __device__ __forceinline__ void plain8_of(const uint4& raw, float (&w)[8]) {
       w[2 * j + 1] = f.y;
     }
   }
+}
+
+// x rounded to the 16-bit format the host's F16 / BF16 dot product reads it in (round to
+// nearest even), kept as f32: act_round_elem_kernel writes it so, and the register kernel
+// rounds x so as it loads it (one launch fewer before each F16 / BF16 decode product).
+__device__ __forceinline__ float plain_round(float v, bool bf16) {
+  return bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
 }
 
 // Elements [8 g, 8 g + 8) of a plain row: 16-byte loads where the row is 16-byte aligned

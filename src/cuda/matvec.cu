@@ -19,6 +19,7 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_pipeline.h>
@@ -538,7 +539,7 @@ __device__ __forceinline__ V ldw(const V* p) {
   }
 }
 
-template <int T> constexpr int RegLd = T == kQ8_0X8 ? 0 : 1;
+template <int T> constexpr int RegLd = 1;
 
 // Blocks (F16 / BF16: groups of 8 elements) a lane loads per row and pass, by default
 // (matvec_reg_kernel's KB).
@@ -569,7 +570,7 @@ template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 
 __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
-  static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
+  static_assert(!OneRow || !Rope, "one row a warp: plain stores");
   Args first = sg.a[0];
   // The slots' experts come from the routing kernel (as in the stream kernel).
   if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
@@ -611,89 +612,108 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
     // Lane j takes super-block j / 4 of each tile (8 super-blocks, 2048 elements) and group
     // j % 4 in it, as blocks_dot's Q4_K branch does (4 lanes a super-block, the same sums in
     // the same order); the tile's layout (dequant.cuh) makes its header loads one 128-byte run
-    // and each half of its quants 512 contiguous bytes.
+    // and each half of its quants 512 contiguous bytes. KB tiles a pass (a row a warp: two,
+    // the loads a row pair has in flight), added in tile order either way.
+    constexpr int kR = OneRow ? 1 : kSRows;
     constexpr int kTile = BlockGeom<T>::kBytes;
     const int sb = lane / 4, gq = lane % 4;
     const int n_tiles = static_cast<int>(first.n_in / 2048), n_sb = static_cast<int>(first.n_in / 256);
     const int4 zero = make_int4(0, 0, 0, 0);
-    for (int ti = 0; ti < n_tiles; ++ti) {
-      uint4 hd[kSRows];
-      int4 qv[kSRows][2];
+    for (int t0 = 0; t0 < n_tiles; t0 += KB) {
+      uint4 hd[KB][kR];
+      int4 qv[KB][kR][2];
 #pragma unroll
-      for (int r = 0; r < kSRows; ++r) {
-        const uint8_t* at = rows[r] + int64_t{ti} * kTile;
-        hd[r] = ldw<Ld>(reinterpret_cast<const uint4*>(at) + sb);
+      for (int u = 0; u < KB; ++u)
+        if (t0 + u < n_tiles)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) qv[r][h] = ldw<Ld>(reinterpret_cast<const int4*>(at + 128 + 512 * h) + lane);
-      }
+          for (int r = 0; r < kR; ++r) {
+            const uint8_t* at = rows[r] + int64_t{t0 + u} * kTile;
+            hd[u][r] = ldw<Ld>(reinterpret_cast<const uint4*>(at) + sb);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw<Ld>(reinterpret_cast<const int4*>(at + 128 + 512 * h) + lane);
+          }
       // Weights are no kernel's output: the first tile's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
-      if (ti == 0) grid_dependency_wait();
-      const int ib = 8 * ti + sb;
+      if (t0 == 0) grid_dependency_wait();
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const float dx = x.q8k.d[t * n_sb + ib];
-        const int32_t* xs = x.q8k.sum + t * (first.n_in / 32) + ib * 8 + 2 * gq;  // 4-byte aligned only
-        int s_lo[kSRows] = {}, s_hi[kSRows] = {};
+      for (int u = 0; u < KB; ++u) {
+        if (t0 + u >= n_tiles) break;
+        const int ib = 8 * (t0 + u) + sb;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {  // elements [16 h, 16 h + 16) of both sub-blocks
-          const int8_t* xq = x.q8k.q + t * first.n_in + ib * 256 + 64 * gq + 16 * h;
-          const int4 xlo = *reinterpret_cast<const int4*>(xq), xhi = *reinterpret_cast<const int4*>(xq + 32);
+        for (int t = 0; t < NT; ++t) {
+          const float dx = x.q8k.d[t * n_sb + ib];
+          const int32_t* xs = x.q8k.sum + t * (first.n_in / 32) + ib * 8 + 2 * gq;  // 4-byte aligned only
+          int s_lo[kR] = {}, s_hi[kR] = {};
 #pragma unroll
-          for (int r = 0; r < kSRows; ++r) q4k_half_dot(qv[r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
+          for (int h = 0; h < 2; ++h) {  // elements [16 h, 16 h + 16) of both sub-blocks
+            const int8_t* xq = x.q8k.q + t * first.n_in + ib * 256 + 64 * gq + 16 * h;
+            const int4 xlo = *reinterpret_cast<const int4*>(xq), xhi = *reinterpret_cast<const int4*>(xq + 32);
+#pragma unroll
+            for (int r = 0; r < kR; ++r) q4k_half_dot(qv[u][r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
+          }
+#pragma unroll
+          for (int r = 0; r < kR; ++r) acc[r][t] += q4k_group_value(hd[u][r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
         }
-#pragma unroll
-        for (int r = 0; r < kSRows; ++r) acc[r][t] += q4k_group_value(hd[r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
       }
     }
   } else if constexpr (T == kQ6_KX8) {
     // Lane j takes super-block j / 8 of each pass (4 super-blocks, half a tile) and part
     // k = j % 8 of it, as blocks_dot's Q6_K branch does (8 lanes a super-block: half h = k / 4,
     // elements [l8, l8 + 8) of each quarter); the tile's layout (dequant.cuh) makes each of the
-    // lane's 8-byte runs of ql, ql and qh one 256-byte contiguous load across the warp.
+    // lane's 8-byte runs of ql, ql and qh one 256-byte contiguous load across the warp. KB
+    // passes at a time (a row a warp: two), added in pass order either way.
+    constexpr int kR = OneRow ? 1 : kSRows;
     constexpr int kTile = BlockGeom<T>::kBytes;
     const int k = lane % 8, h = k / 4, l8 = 8 * (k % 4);
     const int n_pass = static_cast<int>(first.n_in / 1024), n_sb = static_cast<int>(first.n_in / 256);
-    for (int pi = 0; pi < n_pass; ++pi) {
-      const int s = 4 * (pi % 2) + lane / 8;  // the super-block within its tile
-      uint32_t ql0[kSRows][2], ql1[kSRows][2], qh[kSRows][2], sc[kSRows][2];
-      unsigned short dr[kSRows];
+    for (int p0 = 0; p0 < n_pass; p0 += KB) {
+      uint32_t ql0[KB][kR][2], ql1[KB][kR][2], qh[KB][kR][2], sc[KB][kR][2];
+      unsigned short dr[KB][kR];
 #pragma unroll
-      for (int r = 0; r < kSRows; ++r) {
-        const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
-        const uint2 a0 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 64 * s) + k);
-        const uint2 a1 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
-        const uint2 a2 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
-        const uint2 a3 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
-        ql0[r][0] = a0.x, ql0[r][1] = a0.y, ql1[r][0] = a1.x, ql1[r][1] = a1.y;
-        qh[r][0] = a2.x, qh[r][1] = a2.y, sc[r][0] = a3.x, sc[r][1] = a3.y;
-        dr[r] = ldw<Ld>(reinterpret_cast<const unsigned short*>(at + 1664) + s);
-      }
+      for (int u = 0; u < KB; ++u)
+        if (p0 + u < n_pass)
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            const int pi = p0 + u, s = 4 * (pi % 2) + lane / 8;  // the super-block within its tile
+            const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
+            const uint2 a0 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 64 * s) + k);
+            const uint2 a1 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
+            const uint2 a2 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
+            const uint2 a3 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
+            ql0[u][r][0] = a0.x, ql0[u][r][1] = a0.y, ql1[u][r][0] = a1.x, ql1[u][r][1] = a1.y;
+            qh[u][r][0] = a2.x, qh[u][r][1] = a2.y, sc[u][r][0] = a3.x, sc[u][r][1] = a3.y;
+            dr[u][r] = ldw<Ld>(reinterpret_cast<const unsigned short*>(at + 1664) + s);
+          }
       // Weights are no kernel's output: the first pass's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
-      if (pi == 0) grid_dependency_wait();
-      const int ib = 4 * pi + lane / 8;
+      if (p0 == 0) grid_dependency_wait();
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        int sumi[kSRows] = {};
+      for (int u = 0; u < KB; ++u) {
+        if (p0 + u >= n_pass) break;
+        const int ib = 4 * (p0 + u) + lane / 8;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int2 xv = *reinterpret_cast<const int2*>(x.q8k.q + t * first.n_in + ib * 256 + 128 * h + 32 * j + l8);
-          const int xs32 = q6k_offset(xv);
+        for (int t = 0; t < NT; ++t) {
+          int sumi[kR] = {};
 #pragma unroll
-          for (int r = 0; r < kSRows; ++r)
-            sumi[r] += q6k_scale(sc[r], l8 / 16 + 2 * j) * q6k_quarter_dot(ql0[r], ql1[r], qh[r], j, xv, xs32);
+          for (int j = 0; j < 4; ++j) {
+            const int2 xv = *reinterpret_cast<const int2*>(x.q8k.q + t * first.n_in + ib * 256 + 128 * h + 32 * j + l8);
+            const int xs32 = q6k_offset(xv);
+#pragma unroll
+            for (int r = 0; r < kR; ++r)
+              sumi[r] += q6k_scale(sc[u][r], l8 / 16 + 2 * j) * q6k_quarter_dot(ql0[u][r], ql1[u][r], qh[u][r], j, xv, xs32);
+          }
+          const float dx = x.q8k.d[t * n_sb + ib];
+#pragma unroll
+          for (int r = 0; r < kR; ++r)
+            acc[r][t] += (dx * __half2float(__ushort_as_half(dr[u][r]))) * static_cast<float>(sumi[r]);
         }
-        const float dx = x.q8k.d[t * n_sb + ib];
-#pragma unroll
-        for (int r = 0; r < kSRows; ++r)
-          acc[r][t] += (dx * __half2float(__ushort_as_half(dr[r]))) * static_cast<float>(sumi[r]);
       }
     }
   } else if constexpr (Staged<T>::kPlain) {
     // F16 / BF16 rows (16-byte aligned: staged_ok): lane j takes the 8-element groups j + 32 k,
-    // KB a row and pass, so each warp load is 512 contiguous bytes; x rows are f32 (the host's
-    // rounding, launch_act_round), 32 bytes a group, read after the dependency wait.
+    // KB a row and pass, so each warp load is 512 contiguous bytes; x rows are f32, 32 bytes a
+    // group, read after the dependency wait, and rounded here to the host's 16-bit format
+    // (StagedAct::round_x) unless x is used as it is.
     constexpr int kR = OneRow ? 1 : kSRows;
     const int n_g = static_cast<int>(first.n_in / 8);
     for (int g0 = 0; g0 < n_g; g0 += 32 * KB) {
@@ -712,7 +732,14 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             const float4* xp = reinterpret_cast<const float4*>(x.x + t * first.x_stride) + 2 * (g0 + 32 * k + lane);
-            const float4 x0 = xp[0], x1 = xp[1];
+            float4 x0 = xp[0], x1 = xp[1];
+            if (x.round_x) {
+              const bool bf16 = T == kBF16;
+              x0 = make_float4(plain_round(x0.x, bf16), plain_round(x0.y, bf16), plain_round(x0.z, bf16),
+                               plain_round(x0.w, bf16));
+              x1 = make_float4(plain_round(x1.x, bf16), plain_round(x1.y, bf16), plain_round(x1.z, bf16),
+                               plain_round(x1.w, bf16));
+            }
 #pragma unroll
             for (int r = 0; r < kR; ++r) {
               float e[8];
@@ -727,9 +754,10 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
     constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8;  // 144 and 18 bytes (Q4_0), 272 and 34 (Q8_0)
     constexpr int kQuant = kBlock - 2, kWords = kQuant / 16;          // a block's quants, in 16-byte words
     // Lane j's block of a pass is j + 32 k past the pass's first b0 (a multiple of 32 blocks, so
-    // of groups): its quants at kBlock (b0 + 32 k) + qj in the row, its scale likewise at dj.
-    // Constant k offsets fold into the loads' addresses.
-    const int qj = (lane / 8) * kGroup + kQuant * (lane % 8), dj = (lane / 8) * kGroup + 8 * kQuant + 2 * (lane % 8);
+    // of groups): its quant word i at kBlock (b0 + 32 k) + qj + 128 i in the row (the group's
+    // layout: dequant.cuh), its scale likewise at dj. Constant k offsets fold into the loads'
+    // addresses.
+    const int qj = (lane / 8) * kGroup + 16 * (lane % 8), dj = (lane / 8) * kGroup + 8 * kQuant + 2 * (lane % 8);
     const int nb = static_cast<int>(first.n_in / 32);
     constexpr int kPass = 32 * KB;  // blocks a pass
     struct Pass {
@@ -744,7 +772,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
           for (int r = 0; r < kR; ++r) {
             const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
   #pragma unroll
-            for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw<Ld>(reinterpret_cast<const int4*>(at + qj) + i);
+            for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw<Ld>(reinterpret_cast<const int4*>(at + qj + 128 * i));
             ps.d[r][k] = ldw<Ld>(reinterpret_cast<const unsigned short*>(at + dj));
           }
     };
@@ -960,7 +988,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
       if constexpr (kReg) {
-        if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)) {
+        if constexpr (NT == 1 && !R) {
           // One token without RoPE, Q4_0 / Q8_0 x8 and F16 / BF16: a warp per row with twice the
           // blocks a pass (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured
           // (H200, graph ms per 8B decode token, one call, alternating; a row pair a warp -> a row
@@ -974,9 +1002,14 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
           // measured 4.440 ran so, and the RoPE store then adds in the order a plain product does.
           // Expert slots keep row pairs: a row a warp ran qwen3-30b-a3b Q4_0 at 2.421 / 2.422 ms a
           // token against 2.257 / 2.257 (one call, alternating).
-          if (!p.slot_expert) {
+          static const bool ab_krow = std::getenv("FRINK_AB_KROW") != nullptr;  // AB-TEMP
+          if (!p.slot_expert && (ab_krow || (T != kQ4_KX8 && T != kQ6_KX8))) {
             const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
-            launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true>, gr, b, 0, p.stream, s, x);
+            static const bool ab_q8ld0 = std::getenv("FRINK_AB_Q8LD0") != nullptr;  // AB-TEMP
+            if (T == kQ8_0X8 && ab_q8ld0)
+              launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true, 0>, gr, b, 0, p.stream, s, x);
+            else
+              launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true>, gr, b, 0, p.stream, s, x);
             return;
           }
         }

@@ -9,12 +9,15 @@ namespace {
 
 // One thread per group of 8 blocks of B bytes (an f16 d, then B - 2 bytes of quants): the
 // group's 8 B bytes (16-byte words, the group starting 8 B g from a 16-byte aligned base) read,
-// reordered in registers and written back in place. Block k's quants go to [(B - 2) k,
-// (B - 2)(k + 1)), its d to 8 (B - 2) + 2 k.
+// reordered in registers and written back in place. Block k's quant word h (bytes [16 h,
+// 16 h + 16)) goes to 128 h + 16 k, its d to 8 (B - 2) + 2 k. Why words of 16 and not whole
+// blocks: a Q8_0 lane loads its block's two words, and with each block's 32 bytes together
+// each of the two loads of a group's 8 lanes touched all 8 of its sectors; so each reads 128
+// contiguous bytes.
 template <int B>
 __global__ void repack_x8_kernel(uint8_t* w, int64_t n_groups) {
   constexpr int kGroup = 8 * B, kWords = kGroup / 16, kQuants = B - 2;
-  static_assert(kGroup % 16 == 0, "groups stay 16-byte aligned");
+  static_assert(kGroup % 16 == 0 && kQuants % 16 == 0, "groups stay 16-byte aligned, quants whole words");
   const int64_t g = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (g >= n_groups) return;
   uint4* p = reinterpret_cast<uint4*>(w + g * kGroup);
@@ -26,7 +29,7 @@ __global__ void repack_x8_kernel(uint8_t* w, int64_t n_groups) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
 #pragma unroll
-    for (int i = 0; i < kQuants; ++i) o[kQuants * k + i] = b[B * k + 2 + i];
+    for (int i = 0; i < kQuants; ++i) o[128 * (i / 16) + 16 * k + i % 16] = b[B * k + 2 + i];
     o[8 * kQuants + 2 * k] = b[B * k];
     o[8 * kQuants + 2 * k + 1] = b[B * k + 1];
   }
