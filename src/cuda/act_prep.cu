@@ -22,7 +22,7 @@ __global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t 
   dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_in * n_tok; i += int64_t{gridDim.x} * blockDim.x) {
     const float v = x[(i / n_in) * x_stride + i % n_in];
-    out[i] = plain_round(v, bf16);
+    out[i] = bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
   }
 }
 

@@ -254,13 +254,6 @@ __device__ __forceinline__ void plain8_of(const uint4& raw, float (&w)[8]) {
   }
 }
 
-// x rounded to the 16-bit format the host's F16 / BF16 dot product reads it in (round to
-// nearest even), kept as f32: act_round_elem_kernel writes it so, and the register kernel
-// rounds x so as it loads it (one launch fewer before each F16 / BF16 decode product).
-__device__ __forceinline__ float plain_round(float v, bool bf16) {
-  return bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
-}
-
 // Elements [8 g, 8 g + 8) of a plain row: 16-byte loads where the row is 16-byte aligned
 // (vec), else one element at a time.
 template <int T>

@@ -3,8 +3,6 @@
 // gemm.cu (cuBLAS), act_prep.cu (activation rounding and quantization).
 #include "cuda/matmul.cuh"
 
-#include <cstdlib>
-
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
 #include "cuda/moe.cuh"
@@ -40,23 +38,12 @@ bool streams(const MatmulParams& p, ActRound kind) {
   return family && staged_ok(p);
 }
 
-// Whether p, an F16 / BF16 product on the register kernel, rounds x to its 16-bit format as it
-// loads it (StagedAct::round_x), so no act_round launch writes a rounded copy first: 4
-// launches a layer, each a dependent step of the decode graph. Such a product leaves act_round
-// as it was (launch_matmuls' x_ready). Where x's own rows cannot be read so (staged_ok: x
-// 16-byte aligned, stride a multiple of 4), the rounded copy, which is, serves.
-bool rounds_x_itself(const MatmulParams& p, ActRound kind) {
-  static const bool ab_old = std::getenv("FRINK_AB_ACTROUND") != nullptr;  // AB-TEMP
-  return !ab_old && (kind == kActF16 || kind == kActBF16) && takes_matvec(p) && streams(p, kind);
-}
-
 // Whether dispatch runs p on the stream kernel: streams() of p as dispatch hands it on (F16 and
-// BF16 on the matrix-vector path that cannot round x themselves read x's rounded copy in
-// act_round).
+// BF16 on the matrix-vector path read x's rounded copy in act_round when there is one).
 bool on_stream_kernel(const MatmulParams& p) {
   const ActRound kind = act_prep_for(p);
   MatmulParams q = p;
-  if ((kind == kActF16 || kind == kActBF16) && takes_matvec(p) && !rounds_x_itself(p, kind)) {
+  if ((kind == kActF16 || kind == kActBF16) && takes_matvec(p)) {
     q.x = p.act_round;
     q.x_stride = p.n_in;
   }
@@ -74,7 +61,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
     if (kind == kActDp4a) {
       const Q8_0Act x = q8_0_act(p);
       if (!x_ready) launch_quantize_q8(p, x.q, x.d);
-      matvec_stream_launch<T>(ps, n, StagedAct{x.q, x.d, {}, nullptr, false});
+      matvec_stream_launch<T>(ps, n, StagedAct{x.q, x.d, {}, nullptr});
       return;
     }
   }
@@ -82,15 +69,14 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
     if (kind == kActDp4aK) {
       const Q8KAct x = q8k_act(p);
       if (!x_ready) launch_quantize_q8k(p, x);
-      matvec_stream_launch<T>(ps, n, StagedAct{nullptr, nullptr, x, nullptr, false});
+      matvec_stream_launch<T>(ps, n, StagedAct{nullptr, nullptr, x, nullptr});
       return;
     }
   }
   // The cuBLAS path of F16/BF16 weights converts x to their 16-bit format itself, which is the
   // same rounding: a rounded f32 copy first would be one more pass over x.
   const bool converts_itself = (kind == kActF16 || kind == kActBF16) && !takes_matvec(p);
-  const bool round_x = rounds_x_itself(p, kind);
-  if (kind != kActNone && !converts_itself && !round_x) {
+  if (kind != kActNone && !converts_itself) {
     if (!x_ready) launch_act_round(p, kind);
     p.x = p.act_round;
     p.x_stride = p.n_in;
@@ -103,7 +89,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
         group[i].x = p.x;
         group[i].x_stride = p.x_stride;
       }
-      matvec_stream_launch<T>(group, n, StagedAct{nullptr, nullptr, {}, p.x, round_x});
+      matvec_stream_launch<T>(group, n, StagedAct{nullptr, nullptr, {}, p.x});
       return;
     }
   }
@@ -234,7 +220,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
   FRINK_CUDA_CHECK(rope_marks_ok(ps, n) ? cudaSuccess : cudaErrorInvalidValue);
   ActRound prev = kActNone;
   int prev_copy16 = 0;
-  bool prev_matvec = false, prev_self_round = false;
+  bool prev_matvec = false;
   for (int i = 0; i < n; ++i) {
     const MatmulParams& p = ps[i];
     const MatmulParams& p0 = ps[0];
@@ -265,14 +251,10 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const ActRound kind = act_prep_for(p);
     const int copy16 = p.type == kF32 ? 0 : p.type == kBF16 ? 2 : 1;
     const bool matvec = takes_matvec(p);
-    // (A product that rounded x itself wrote no rounded copy: the next one of its kind that
-    // cannot must round it.)
-    const bool x_ready = i == 0 ? first_ready
-                                : kind == prev && copy16 == prev_copy16 && matvec == prev_matvec && !prev_self_round;
+    const bool x_ready = i == 0 ? first_ready : kind == prev && copy16 == prev_copy16 && matvec == prev_matvec;
     prev = kind;
     prev_copy16 = copy16;
     prev_matvec = matvec;
-    prev_self_round = rounds_x_itself(p, kind);
     // The run of products this launch takes: p alone, or with the next ones of its type
     // when all stream (their rows share one launch).
     int run = 1;

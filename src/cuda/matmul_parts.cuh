@@ -157,9 +157,6 @@ struct StagedAct {
   const float* d8;
   Q8KAct q8k;
   const float* x;
-  // F16 / BF16 rows: x is f32 as its producer wrote it, and the kernel rounds it to the
-  // weights' format as it loads it (plain_round), instead of reading act_round's rounded copy.
-  bool round_x;
 };
 
 // Products of one input a stream launch holds at most (q/k/v).

@@ -19,7 +19,6 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
-#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_pipeline.h>
@@ -511,17 +510,17 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_direct_kernel(Args a, Sta
   store_row<NT>(a, row, acc[0]);
 }
 
-// A weight load of matvec_reg_kernel: Ld 0 __ldg; 1 ld.global.nc.L1::no_allocate, so the
-// streamed weights do not take L1 lines from the activation rows the warps of a SM share.
-// Measured (H200, graph ms per decode token, one call, alternating __ldg -> no_allocate, two
-// rounds): 8B BF16 4.431 / 4.436 -> 4.385 / 4.389, Q4_0 1.888 / 1.887 -> 1.869 / 1.872, Q4_K_M
-// 2.288 / 2.291 -> 2.239 / 2.229, qwen3-30b-a3b Q4_0 2.434 / 2.541 -> 2.412 / 2.532; but Q8_0
-// 2.609 / 2.612 -> 2.723 / 2.726, so Q8_0 keeps __ldg (RegLd).
-template <int Ld, class V>
+// A weight load of matvec_reg_kernel: ld.global.nc.L1::no_allocate, so the streamed weights do
+// not take L1 lines from the activation rows the warps of a SM share. Measured (H200, graph ms
+// per decode token, one call, alternating __ldg -> no_allocate, two rounds): 8B BF16 4.431 /
+// 4.436 -> 4.385 / 4.389, Q4_0 1.888 / 1.887 -> 1.869 / 1.872, Q4_K_M 2.288 / 2.291 -> 2.239 /
+// 2.229, qwen3-30b-a3b Q4_0 2.434 / 2.541 -> 2.412 / 2.532. Q8_0 lost 4% with it (2.609 ->
+// 2.723) while each block's 32 quant bytes lay together, so each of a lane's two loads touched
+// every sector of its group's run; with its words in runs of their own (dequant.cuh) it gains
+// or ties (2.612 / 2.612 against __ldg's 2.610 / 2.617).
+template <class V>
 __device__ __forceinline__ V ldw(const V* p) {
-  if constexpr (Ld == 0) {
-    return __ldg(p);
-  } else if constexpr (sizeof(V) == 16) {
+  if constexpr (sizeof(V) == 16) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -538,8 +537,6 @@ __device__ __forceinline__ V ldw(const V* p) {
     return *reinterpret_cast<V*>(&v);
   }
 }
-
-template <int T> constexpr int RegLd = 1;
 
 // Blocks (F16 / BF16: groups of 8 elements) a lane loads per row and pass, by default
 // (matvec_reg_kernel's KB).
@@ -566,11 +563,11 @@ template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2
 // reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
-template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false, int Ld = RegLd<T>>
+template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false>
 __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
-  static_assert(!OneRow || !Rope, "one row a warp: plain stores");
+  static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
   Args first = sg.a[0];
   // The slots' experts come from the routing kernel (as in the stream kernel).
   if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
@@ -612,8 +609,10 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
     // Lane j takes super-block j / 4 of each tile (8 super-blocks, 2048 elements) and group
     // j % 4 in it, as blocks_dot's Q4_K branch does (4 lanes a super-block, the same sums in
     // the same order); the tile's layout (dequant.cuh) makes its header loads one 128-byte run
-    // and each half of its quants 512 contiguous bytes. KB tiles a pass (a row a warp: two,
-    // the loads a row pair has in flight), added in tile order either way.
+    // and each half of its quants 512 contiguous bytes. KB tiles a pass, added in tile order.
+    // (A row a warp with KB 2, so a warp keeps a row pair's loads in flight, lost as the
+    // one-token kernel: 8B Q4_K_M graph 2.163 / 2.153 -> 2.505 / 2.494 ms, qwen3-next 4 layers
+    // 0.337 / 0.335 -> 0.351 / 0.350; H200, one call, alternating. Q6_K's likewise.)
     constexpr int kR = OneRow ? 1 : kSRows;
     constexpr int kTile = BlockGeom<T>::kBytes;
     const int sb = lane / 4, gq = lane % 4;
@@ -628,9 +627,9 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
 #pragma unroll
           for (int r = 0; r < kR; ++r) {
             const uint8_t* at = rows[r] + int64_t{t0 + u} * kTile;
-            hd[u][r] = ldw<Ld>(reinterpret_cast<const uint4*>(at) + sb);
+            hd[u][r] = ldw(reinterpret_cast<const uint4*>(at) + sb);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw<Ld>(reinterpret_cast<const int4*>(at + 128 + 512 * h) + lane);
+            for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw(reinterpret_cast<const int4*>(at + 128 + 512 * h) + lane);
           }
       // Weights are no kernel's output: the first tile's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
@@ -661,7 +660,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
     // k = j % 8 of it, as blocks_dot's Q6_K branch does (8 lanes a super-block: half h = k / 4,
     // elements [l8, l8 + 8) of each quarter); the tile's layout (dequant.cuh) makes each of the
     // lane's 8-byte runs of ql, ql and qh one 256-byte contiguous load across the warp. KB
-    // passes at a time (a row a warp: two), added in pass order either way.
+    // passes at a time, added in pass order.
     constexpr int kR = OneRow ? 1 : kSRows;
     constexpr int kTile = BlockGeom<T>::kBytes;
     const int k = lane % 8, h = k / 4, l8 = 8 * (k % 4);
@@ -676,13 +675,13 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
           for (int r = 0; r < kR; ++r) {
             const int pi = p0 + u, s = 4 * (pi % 2) + lane / 8;  // the super-block within its tile
             const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
-            const uint2 a0 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 64 * s) + k);
-            const uint2 a1 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
-            const uint2 a2 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
-            const uint2 a3 = ldw<Ld>(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
+            const uint2 a0 = ldw(reinterpret_cast<const uint2*>(at + 64 * s) + k);
+            const uint2 a1 = ldw(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
+            const uint2 a2 = ldw(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
+            const uint2 a3 = ldw(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
             ql0[u][r][0] = a0.x, ql0[u][r][1] = a0.y, ql1[u][r][0] = a1.x, ql1[u][r][1] = a1.y;
             qh[u][r][0] = a2.x, qh[u][r][1] = a2.y, sc[u][r][0] = a3.x, sc[u][r][1] = a3.y;
-            dr[u][r] = ldw<Ld>(reinterpret_cast<const unsigned short*>(at + 1664) + s);
+            dr[u][r] = ldw(reinterpret_cast<const unsigned short*>(at + 1664) + s);
           }
       // Weights are no kernel's output: the first pass's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
@@ -711,9 +710,11 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
     }
   } else if constexpr (Staged<T>::kPlain) {
     // F16 / BF16 rows (16-byte aligned: staged_ok): lane j takes the 8-element groups j + 32 k,
-    // KB a row and pass, so each warp load is 512 contiguous bytes; x rows are f32, 32 bytes a
-    // group, read after the dependency wait, and rounded here to the host's 16-bit format
-    // (StagedAct::round_x) unless x is used as it is.
+    // KB a row and pass, so each warp load is 512 contiguous bytes; x rows are f32 (the host's
+    // rounding, launch_act_round), 32 bytes a group, read after the dependency wait. (Rounding x
+    // here instead, so the act_round launch before each product goes, lost: 8B BF16 graph 4.315
+    // / 4.306 -> 4.622 / 4.621 ms, H200, one call, alternating; 8 conversions more an element
+    // group and row, on a kernel whose arithmetic is not hidden.)
     constexpr int kR = OneRow ? 1 : kSRows;
     const int n_g = static_cast<int>(first.n_in / 8);
     for (int g0 = 0; g0 < n_g; g0 += 32 * KB) {
@@ -722,7 +723,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
       for (int k = 0; k < KB; ++k)
         if (lane + 32 * k < n_g - g0)
 #pragma unroll
-          for (int r = 0; r < kR; ++r) wv[r][k] = ldw<Ld>(reinterpret_cast<const uint4*>(rows[r]) + g0 + 32 * k + lane);
+          for (int r = 0; r < kR; ++r) wv[r][k] = ldw(reinterpret_cast<const uint4*>(rows[r]) + g0 + 32 * k + lane);
       // Weights are no kernel's output: the first pass's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
       if (g0 == 0) grid_dependency_wait();
@@ -732,14 +733,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             const float4* xp = reinterpret_cast<const float4*>(x.x + t * first.x_stride) + 2 * (g0 + 32 * k + lane);
-            float4 x0 = xp[0], x1 = xp[1];
-            if (x.round_x) {
-              const bool bf16 = T == kBF16;
-              x0 = make_float4(plain_round(x0.x, bf16), plain_round(x0.y, bf16), plain_round(x0.z, bf16),
-                               plain_round(x0.w, bf16));
-              x1 = make_float4(plain_round(x1.x, bf16), plain_round(x1.y, bf16), plain_round(x1.z, bf16),
-                               plain_round(x1.w, bf16));
-            }
+            const float4 x0 = xp[0], x1 = xp[1];
 #pragma unroll
             for (int r = 0; r < kR; ++r) {
               float e[8];
@@ -772,8 +766,8 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
           for (int r = 0; r < kR; ++r) {
             const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
   #pragma unroll
-            for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw<Ld>(reinterpret_cast<const int4*>(at + qj + 128 * i));
-            ps.d[r][k] = ldw<Ld>(reinterpret_cast<const unsigned short*>(at + dj));
+            for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw(reinterpret_cast<const int4*>(at + qj + 128 * i));
+            ps.d[r][k] = ldw(reinterpret_cast<const unsigned short*>(at + dj));
           }
     };
     const int8_t* const xq = x.q8 + 32 * lane;
@@ -988,7 +982,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
       if constexpr (kReg) {
-        if constexpr (NT == 1 && !R) {
+        if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)) {
           // One token without RoPE, Q4_0 / Q8_0 x8 and F16 / BF16: a warp per row with twice the
           // blocks a pass (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured
           // (H200, graph ms per 8B decode token, one call, alternating; a row pair a warp -> a row
@@ -1001,15 +995,11 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
           // kernel of every BF16 launch; they stay for the rest (RoPE, four tokens): the
           // measured 4.440 ran so, and the RoPE store then adds in the order a plain product does.
           // Expert slots keep row pairs: a row a warp ran qwen3-30b-a3b Q4_0 at 2.421 / 2.422 ms a
-          // token against 2.257 / 2.257 (one call, alternating).
-          static const bool ab_krow = std::getenv("FRINK_AB_KROW") != nullptr;  // AB-TEMP
-          if (!p.slot_expert && (ab_krow || (T != kQ4_KX8 && T != kQ6_KX8))) {
+          // token against 2.257 / 2.257 (one call, alternating). So do Q4_K and Q6_K (their
+          // branches of the kernel say why).
+          if (!p.slot_expert) {
             const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
-            static const bool ab_q8ld0 = std::getenv("FRINK_AB_Q8LD0") != nullptr;  // AB-TEMP
-            if (T == kQ8_0X8 && ab_q8ld0)
-              launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true, 0>, gr, b, 0, p.stream, s, x);
-            else
-              launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true>, gr, b, 0, p.stream, s, x);
+            launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true>, gr, b, 0, p.stream, s, x);
             return;
           }
         }

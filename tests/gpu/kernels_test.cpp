@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -171,51 +170,6 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
     }
   }
   cublasDestroy(blas);
-}
-
-// F16 / BF16 decode products round x to their 16-bit format as they load it (matmul.cu,
-// rounds_x_itself), writing no rounded copy: act_round, poisoned with NaN, must come back
-// untouched from such a product, which must still match the host's rounding (1e-9). A second
-// product of the same group whose rows cannot be read so (a 2-byte aligned matrix: the plain
-// kernel, which reads act_round's copy) must then round x into act_round itself: taking the
-// first product's rounding as done (launch_matmuls' x_ready) would read the NaNs.
-TEST(CudaKernels, SelfRoundingProductLeavesNoRoundedCopy) {
-  FRINK_REQUIRE_GPU();
-  std::mt19937 rng(41);
-  const int64_t n_in = 512, n_out = 40;
-  for (GgmlType t : {GgmlType::F16, GgmlType::BF16}) {
-    for (int64_t n_tok : {1, 5}) {
-      const RandomWeights w = random_weights(rng, t, n_in, n_out);
-      const auto x = random_floats(rng, n_in * n_tok);
-      const GgmlType at = vec_dot_type(t);
-      std::vector<float> xr(x.size());
-      std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(at, n_in)));
-      for (int64_t tk = 0; tk < n_tok; ++tk) {
-        quantize_row(at, x.data() + tk * n_in, q.data(), n_in);
-        dequantize_row(at, q.data(), xr.data() + tk * n_in, n_in);
-      }
-      const auto ref = reference_product(w.f, xr, n_in, n_out, n_tok, 1.0, nullptr);
-      std::vector<uint8_t> shifted(2, 0);
-      shifted.insert(shifted.end(), w.bytes.begin(), w.bytes.end());
-      Dev<uint8_t> dw(w.bytes), dw2(shifted);
-      Dev<float> dx(x), dy1(ref.size()), dy2(ref.size()),
-          dact(std::vector<float>(x.size(), std::numeric_limits<float>::quiet_NaN()));
-      cuda::MatmulParams ps[2] = {mat_params(t, dw.p, n_in, n_out, dx.p, n_tok, dy1.p),
-                                  mat_params(t, dw2.p + 2, n_in, n_out, dx.p, n_tok, dy2.p)};
-      ps[0].act_round = ps[1].act_round = dact.p;
-      const std::string where = std::string(ggml_type_name(t)) + " n_tok " + std::to_string(n_tok);
-      cuda::launch_matmuls(ps, 1);
-      const auto act = dact.get();
-      EXPECT_TRUE(std::all_of(act.begin(), act.end(), [](float v) { return std::isnan(v); })) << where;
-      auto y1 = dy1.get();
-      EXPECT_LT(nmse(y1.data(), ref.data(), ref.size()), 1e-9) << where;
-      cuda::launch_matmuls(ps, 2);
-      y1 = dy1.get();
-      const auto y2 = dy2.get();
-      EXPECT_LT(nmse(y1.data(), ref.data(), ref.size()), 1e-9) << where;
-      EXPECT_LT(nmse(y2.data(), ref.data(), ref.size()), 1e-9) << where;
-    }
-  }
 }
 
 // A residual added in the epilogue, into y itself (x = x + W h), equals the product followed
