@@ -16,16 +16,6 @@ namespace frink::cuda::mm {
 
 namespace {
 
-// f16/bf16 rounding: one thread per element.
-__global__ void act_round_elem_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, bool bf16,
-                                      float* out) {
-  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_in * n_tok; i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = x[(i / n_in) * x_stride + i % n_in];
-    out[i] = bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
-  }
-}
-
 // The host's two rounding rules are written once for the kernels below (the rounded-f32,
 // int8 and fused forms must agree value for value), and for attention's merge, which writes
 // either for the wo product: q8_0_rule.cuh and q8k_rule.cuh.
@@ -114,6 +104,22 @@ struct GluNormSource {
   __device__ float operator()(int64_t t, int64_t e) const { return glu_norm_value(g, t, e); }
   __device__ void keep(int64_t t, int64_t e, float v) const { g.out[t * g.n + e] = v; }
 };
+
+// f16/bf16 rounding (the host's, kept as f32) of src's [n_tok][n_in] values: one thread per
+// element, 256 a block (GluNormSource: a block holds 256 elements of one token).
+__device__ __forceinline__ float round16(float v, bool bf16) {
+  return bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
+}
+template <typename Src>
+__global__ void act_round_elem_kernel(Src src, int64_t n_in, int64_t n_tok, bool bf16, float* out) {
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_in * n_tok; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / n_in, e = i % n_in;
+    const float v = src(t, e);
+    src.keep(t, e, v);
+    out[i] = round16(v, bf16);
+  }
+}
 
 template <typename Src>
 __global__ void quantize_q8_kernel(Src src, int64_t n_in, int64_t n_tok, int8_t* xq, float* xd) {
@@ -229,6 +235,20 @@ __device__ __forceinline__ void norm_q8k_row(const NormParams& p, const Q8KAct& 
   }
 }
 
+// The norm and its output rounded as act_round_elem_kernel would, into out [n_rows][n].
+__global__ void __launch_bounds__(kNormMaxThreads) norm_round_kernel(NormParams p, bool bf16, float* out) {
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+  float4 o[kNormVecPer];
+  const int64_t row = blockIdx.x, n4 = p.n / 4;
+  norm_vec_row(p, o, row);
+  float4* y = reinterpret_cast<float4*>(out + row * p.n);
+#pragma unroll
+  for (int k = 0; k < kNormVecPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    if (i < n4) y[i] = make_float4(round16(o[k].x, bf16), round16(o[k].y, bf16), round16(o[k].z, bf16), round16(o[k].w, bf16));
+  }
+}
+
 __global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, int8_t* xq, float* xd) {
   dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   norm_q8_row(p, xq, xd, blockIdx.x);
@@ -282,8 +302,8 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 void launch_act_round(const MatmulParams& p, ActRound kind) {
   if (kind == kActF16 || kind == kActBF16) {
     const int64_t n = p.n_in * p.n_tok;
-    launch_dependent(act_round_elem_kernel, static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)), 256, 0,
-                     p.stream, p.x, p.x_stride, p.n_in, p.n_tok, kind == kActBF16, p.act_round);
+    launch_dependent(act_round_elem_kernel<RowSource>, static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)),
+                     256, 0, p.stream, RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, kind == kActBF16, p.act_round);
   } else {
     const int64_t bs = kind == kActQ8Blocks ? 32 : 256;
     const int64_t n_warps = p.n_tok * (p.n_in / bs);
@@ -336,6 +356,21 @@ void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd) {
 
 void launch_glu_q8k(const GluParams& g, const Q8KAct& x) {
   with_glu_source(g, [&](auto src) { launch_q8k(src, g.n, g.n_tok, x, g.stream); });
+}
+
+void launch_glu_round(const GluParams& g, bool bf16, float* out) {
+  const int64_t n = g.n * g.n_tok;
+  with_glu_source(g, [&](auto src) {
+    launch_dependent(act_round_elem_kernel<decltype(src)>, static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)),
+                     256, 0, g.stream, src, g.n, g.n_tok, bf16, out);
+  });
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_norm_round(const NormParams& np, bool bf16, float* out) {
+  launch_dependent(norm_round_kernel, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
+                   np.stream, np, bf16, out);
+  FRINK_CUDA_CHECK_LAUNCH();
 }
 
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {

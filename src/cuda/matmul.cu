@@ -3,6 +3,8 @@
 // gemm.cu (cuBLAS), act_prep.cu (activation rounding and quantization).
 #include "cuda/matmul.cuh"
 
+#include <cstdlib>
+
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
 #include "cuda/moe.cuh"
@@ -132,7 +134,8 @@ size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok) {
 }
 
 // The producer of x (launch_matmuls: ps[0]'s), fused with x's preparation when p's is a dp4a
-// quantization the fused kernels cover; true when act_round then holds x prepared.
+// quantization the fused kernels cover or an F16 / BF16 decode product's rounding; true when
+// act_round then holds x prepared.
 // Routers of fewer rows than SMs only: each row's block then has an SM of its own (kFewRows'
 // reason in matvec.cu). qwen3-next's 512 rows (513 blocks of 512 threads, four an SM, each
 // norming x again) lost: 8 layers, Q4_K_M, graph 0.874 / 0.878 -> 0.882 / 0.882 ms (H200).
@@ -147,6 +150,10 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   FRINK_CUDA_CHECK(p.pre_norm || p.pre_glu ? cudaSuccess : cudaErrorInvalidValue);
   FRINK_CUDA_CHECK(!router || norm_router_ok(p, *router) ? cudaSuccess : cudaErrorInvalidValue);
   const ActRound kind = act_prep_for(p);  // kActDp4a(K) implies act_round is set (q8_0_act, q8k_act)
+  // F16 / BF16 decode products read x rounded in act_round (dispatch); the producer can write it
+  // (the cuBLAS path converts x itself, and its x_ready means a 16-bit copy in the scratch).
+  static const bool ab_off = std::getenv("FRINK_AB_NOROUND16") != nullptr;  // AB-TEMP
+  const bool rounds16 = !ab_off && (kind == kActF16 || kind == kActBF16) && takes_matvec(p);
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
     FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
@@ -163,8 +170,15 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
       else launch_norm_q8k(np, q8k_act(p));
       return true;
     }
-    if (router) launch_norm_router(np, 0, p, *router);
-    else launch_norm(np);
+    if (router) {
+      launch_norm_router(np, 0, p, *router);
+      return false;
+    }
+    if (rounds16 && norm_vec_ok(np)) {
+      launch_norm_round(np, kind == kActBF16, p.act_round);
+      return true;
+    }
+    launch_norm(np);
     return false;
   }
   const GluParams& g = *p.pre_glu;
@@ -177,6 +191,10 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   }
   if (kind == kActDp4aK && g.n % 256 == 0) {
     launch_glu_q8k(g, q8k_act(p));
+    return true;
+  }
+  if (rounds16 && (!g.up_norm_w || g.n % 256 == 0)) {
+    launch_glu_round(g, kind == kActBF16, p.act_round);
     return true;
   }
   launch_glu(g);

@@ -170,7 +170,8 @@ bool matmul_reads_q8_0(const MatmulParams& p);
 // n_in takes: the larger of the two layouts (a producer's buffer serving either).
 size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok);
 // p.pre_norm or p.pre_glu alone, as launch_matmuls runs it first: fused with x's
-// preparation for p when p's is a dp4a one the fused kernels cover. True when act_round then
+// preparation for p when p's is a dp4a one the fused kernels cover, or the rounding of an F16 /
+// BF16 decode product (launch_norm_round, launch_glu_round). True when act_round then
 // holds x prepared for p (the products launched later with the producer cleared and
 // x_prepared set, when matmul_reads_q8_blocks(p)); false: only x was written.
 // With `router` (norm_router_ok: a one-row RMS norm): that router's logits of the norm's

@@ -184,6 +184,11 @@ void launch_norm_router(const NormParams& np, int kind, const MatmulParams& p, c
 // The gated activation g (written to g.out as launch_glu would) and its quantization, likewise.
 void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd);
 void launch_glu_q8k(const GluParams& g, const Q8KAct& x);
+// The norm np (norm_vec_ok) or the gated activation g (n a multiple of 256 with an up norm),
+// written as launch_norm / launch_glu would, and rounded to f16 or bf16 into out [rows][n] as
+// launch_act_round would: one launch fewer before an F16 / BF16 decode product.
+void launch_norm_round(const NormParams& np, bool bf16, float* out);
+void launch_glu_round(const GluParams& g, bool bf16, float* out);
 
 // matvec.cu: decode-sized products. staged_ok: W's rows suit the stream kernel.
 bool staged_ok(const MatmulParams& p);

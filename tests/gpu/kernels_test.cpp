@@ -304,7 +304,8 @@ void expect_producer_fused(const FusedCase& c, Dev<float>& x1, Dev<float>& x2,
 // A norm handed to launch_matmuls (MatmulParams::pre_norm) gives the same bits as the norm
 // launched first and the products after it: the fused norm + quantization kernels (Q4_0 and
 // Q8_0: Q8_0 blocks; Q4_K and Q6_K: Q8_K blocks) must quantize exactly as the separate
-// kernels, and other types take the plain norm. Widths: 4096 (1024 threads), 2304 (576: nine
+// kernels, F16 and BF16 decode batches round as act_round does in the norm's launch
+// (launch_norm_round), and other types take the plain norm. Widths: 4096 (1024 threads), 2304 (576: nine
 // 256-blocks of two warps each), 5120 (640 threads, two slabs of float4 per thread), 1088 (320
 // threads, the last ones past the row; Q8_0 blocks only).
 TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
@@ -313,7 +314,8 @@ TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
   cublasHandle_t blas;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(5120, 12)));  // the largest case's
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F32})
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F16,
+                     GgmlType::F32})
     for (int64_t n_in : {4096, 2304, 5120, 1088})
       for (int64_t n_tok : {1, 3, 12})
         for (int mode : {0, 1, 2}) {  // RMS norm with weights, LayerNorm with bias, RMS norm alone
@@ -411,7 +413,8 @@ TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
 
 // A gated activation handed to launch_matmuls (MatmulParams::pre_glu) gives the same bits as
 // launch_glu followed by the product: SiLU, GELU, gpt-oss's clamped form and gate-only, for
-// the four dp4a types (fused) and BF16 (plain), decode and prompt batches. With an up norm in
+// the four dp4a types (fused), F16 and BF16 (rounded in the GLU's launch on decode batches,
+// launch_glu_round), decode and prompt batches. With an up norm in
 // groups of 128 and 256 (the gated delta net's output norm: GluParams::up_norm_w), launch_glu's
 // output is also held to the host's arithmetic (a group norm then the GLU, in double).
 TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
@@ -420,7 +423,7 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
   cublasHandle_t blas;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(2304, 12)));
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16})
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F16})
     for (int64_t n_in : {768, 2304})
       for (int64_t n_tok : {1, 3, 12})
         for (int mode : {0, 1, 2, 3, 4, 5, 6}) {  // SiLU, GELU, clamped SwiGLU (oai), SiLU of the
