@@ -193,7 +193,7 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
     launch_glu_q8k(g, q8k_act(p));
     return true;
   }
-  if (rounds16 && (!g.up_norm_w || g.n % 256 == 0)) {
+  if (rounds16 && (!g.up_norm_w || glu_norm_ok(g))) {
     launch_glu_round(g, kind == kActBF16, p.act_round);
     return true;
   }
