@@ -235,11 +235,10 @@ __device__ __forceinline__ void norm_q8k_row(const NormParams& p, const Q8KAct& 
   }
 }
 
-// The norm and its output rounded as act_round_elem_kernel would, into out [n_rows][n].
-__global__ void __launch_bounds__(kNormMaxThreads) norm_round_kernel(NormParams p, bool bf16, float* out) {
-  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+// The norm's row and its output rounded as act_round_elem_kernel would, into out [n_rows][n].
+__device__ __forceinline__ void norm_round_row(const NormParams& p, bool bf16, float* out, int64_t row) {
   float4 o[kNormVecPer];
-  const int64_t row = blockIdx.x, n4 = p.n / 4;
+  const int64_t n4 = p.n / 4;
   norm_vec_row(p, o, row);
   float4* y = reinterpret_cast<float4*>(out + row * p.n);
 #pragma unroll
@@ -247,6 +246,11 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_round_kernel(NormParams 
     const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
     if (i < n4) y[i] = make_float4(round16(o[k].x, bf16), round16(o[k].y, bf16), round16(o[k].z, bf16), round16(o[k].w, bf16));
   }
+}
+
+__global__ void __launch_bounds__(kNormMaxThreads) norm_round_kernel(NormParams p, bool bf16, float* out) {
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+  norm_round_row(p, bf16, out, blockIdx.x);
 }
 
 __global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, int8_t* xq, float* xd) {
@@ -260,18 +264,21 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p,
 }
 
 // Two jobs in one launch (launch_norm_router): block 0 the producer (Kind 0: the norm alone,
-// 1: with Q8_0 blocks, 2: with Q8_K blocks), blocks 1.. one router row each, which norm x
+// 1: with Q8_0 blocks, 2: with Q8_K blocks, 3: rounded to f16, 4: to bf16, in xr), blocks 1..
+// one router row each, which norm x
 // themselves (norm_vec_row without the store: the producer's h, bit for bit) and dot their
 // row with it. The router's weights load before the dependency wait.
 template <int Kind>
 __global__ void __launch_bounds__(kNormMaxThreads)
-    norm_router_kernel(NormParams p, int8_t* xq, float* xd, Q8KAct a, RouterNormParams r) {
+    norm_router_kernel(NormParams p, int8_t* xq, float* xd, Q8KAct a, float* xr, RouterNormParams r) {
   if (blockIdx.x == 0) {
     grid_dependency_wait();
     if constexpr (Kind == 1) {
       norm_q8_row(p, xq, xd, 0);
     } else if constexpr (Kind == 2) {
       norm_q8k_row(p, a, 0);
+    } else if constexpr (Kind == 3 || Kind == 4) {
+      norm_round_row(p, Kind == 4, xr, 0);
     } else {
       float4 o[kNormVecPer];
       norm_vec_row(p, o, 0);
@@ -386,9 +393,12 @@ void launch_norm_router(const NormParams& np, int kind, const MatmulParams& p, c
   Q8KAct k{};
   if (kind == 1) q = q8_0_act(p);
   if (kind == 2) k = q8k_act(p);
-  if (kind == 1) launch_dependent(norm_router_kernel<1>, grid, threads, 0, np.stream, np, q.q, q.d, k, r);
-  else if (kind == 2) launch_dependent(norm_router_kernel<2>, grid, threads, 0, np.stream, np, q.q, q.d, k, r);
-  else launch_dependent(norm_router_kernel<0>, grid, threads, 0, np.stream, np, q.q, q.d, k, r);
+  float* xr = kind >= 3 ? p.act_round : nullptr;
+  if (kind == 1) launch_dependent(norm_router_kernel<1>, grid, threads, 0, np.stream, np, q.q, q.d, k, xr, r);
+  else if (kind == 2) launch_dependent(norm_router_kernel<2>, grid, threads, 0, np.stream, np, q.q, q.d, k, xr, r);
+  else if (kind == 3) launch_dependent(norm_router_kernel<3>, grid, threads, 0, np.stream, np, q.q, q.d, k, xr, r);
+  else if (kind == 4) launch_dependent(norm_router_kernel<4>, grid, threads, 0, np.stream, np, q.q, q.d, k, xr, r);
+  else launch_dependent(norm_router_kernel<0>, grid, threads, 0, np.stream, np, q.q, q.d, k, xr, r);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

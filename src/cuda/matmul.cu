@@ -3,8 +3,6 @@
 // gemm.cu (cuBLAS), act_prep.cu (activation rounding and quantization).
 #include "cuda/matmul.cuh"
 
-#include <cstdlib>
-
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
 #include "cuda/moe.cuh"
@@ -150,10 +148,11 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   FRINK_CUDA_CHECK(p.pre_norm || p.pre_glu ? cudaSuccess : cudaErrorInvalidValue);
   FRINK_CUDA_CHECK(!router || norm_router_ok(p, *router) ? cudaSuccess : cudaErrorInvalidValue);
   const ActRound kind = act_prep_for(p);  // kActDp4a(K) implies act_round is set (q8_0_act, q8k_act)
-  // F16 / BF16 decode products read x rounded in act_round (dispatch); the producer can write it
-  // (the cuBLAS path converts x itself, and its x_ready means a 16-bit copy in the scratch).
-  static const bool ab_off = std::getenv("FRINK_AB_NOROUND16") != nullptr;  // AB-TEMP
-  const bool rounds16 = !ab_off && (kind == kActF16 || kind == kActBF16) && takes_matvec(p);
+  // F16 / BF16 decode products read x rounded in act_round (dispatch); the producer writes it in
+  // its own launch, one act_round launch fewer (8B BF16 graph 4.384 / 4.396 -> 4.256 / 4.267 ms,
+  // H200, one call, alternating). Not for the cuBLAS path: it converts x itself, and its
+  // x_ready means a 16-bit copy in the scratch.
+  const bool rounds16 = (kind == kActF16 || kind == kActBF16) && takes_matvec(p);
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
     FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
@@ -170,16 +169,11 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
       else launch_norm_q8k(np, q8k_act(p));
       return true;
     }
-    if (router) {
-      launch_norm_router(np, 0, p, *router);
-      return false;
-    }
-    if (rounds16 && norm_vec_ok(np)) {
-      launch_norm_round(np, kind == kActBF16, p.act_round);
-      return true;
-    }
-    launch_norm(np);
-    return false;
+    const bool round = rounds16 && norm_vec_ok(np);
+    if (router) launch_norm_router(np, round ? (kind == kActBF16 ? 4 : 3) : 0, p, *router);
+    else if (round) launch_norm_round(np, kind == kActBF16, p.act_round);
+    else launch_norm(np);
+    return round;
   }
   const GluParams& g = *p.pre_glu;
   FRINK_CUDA_CHECK(g.out == p.x && p.x_stride == g.n && g.n == p.n_in && g.n_tok == p.n_tok && g.stream == p.stream

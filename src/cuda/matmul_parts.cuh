@@ -178,8 +178,9 @@ void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x);
 // (np's rows must suit the vector norm: norm_vec_ok, width a multiple of 32 / 256).
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd);
 void launch_norm_q8k(const NormParams& np, const Q8KAct& x);
-// The norm np (one row) as kind 0 (launch_norm), 1 (launch_norm_q8 into q8_0_act(p)) or 2
-// (launch_norm_q8k into q8k_act(p)), with router r's product of its output in the same launch.
+// The norm np (one row) as kind 0 (launch_norm), 1 (launch_norm_q8 into q8_0_act(p)), 2
+// (launch_norm_q8k into q8k_act(p)), 3 or 4 (launch_norm_round into p.act_round, f16 or bf16),
+// with router r's product of its output in the same launch.
 void launch_norm_router(const NormParams& np, int kind, const MatmulParams& p, const RouterNormParams& r);
 // The gated activation g (written to g.out as launch_glu would) and its quantization, likewise.
 void launch_glu_q8(const GluParams& g, int8_t* xq, float* xd);
