@@ -11,6 +11,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/q8_0_rule.cuh"
 #include "cuda/q8k_rule.cuh"
+#include "cuda/round16_rule.cuh"
 
 namespace frink::cuda::mm {
 
@@ -105,11 +106,8 @@ struct GluNormSource {
   __device__ void keep(int64_t t, int64_t e, float v) const { g.out[t * g.n + e] = v; }
 };
 
-// f16/bf16 rounding (the host's, kept as f32) of src's [n_tok][n_in] values: one thread per
-// element, 256 a block (GluNormSource: a block holds 256 elements of one token).
-__device__ __forceinline__ float round16(float v, bool bf16) {
-  return bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
-}
+// f16/bf16 rounding (round16_rule.cuh) of src's [n_tok][n_in] values: one thread per element,
+// 256 a block (GluNormSource: a block holds 256 elements of one token).
 template <typename Src>
 __global__ void act_round_elem_kernel(Src src, int64_t n_in, int64_t n_tok, bool bf16, float* out) {
   dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)

@@ -44,6 +44,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/q8_0_rule.cuh"
 #include "cuda/q8k_rule.cuh"
+#include "cuda/round16_rule.cuh"
 
 namespace frink::cuda {
 
@@ -192,7 +193,8 @@ constexpr int kMergeThreads = 256, kMergeWarps = kMergeThreads / 32, kMergeMaxHe
 // need one. Graph time per token, H200, one call, alternating: 8B Q4_0 2.202 / 2.202 / 2.201
 // -> 2.182 / 2.185 / 2.185 ms, qwen3-30b-a3b 2.863 / 2.863 / 2.865 -> 2.846 / 2.846 / 2.845.)
 // With p.out_q8 the output is also quantized: as Q8_0 (head_dim_v % 32 == 0 makes each warp's
-// 32 outputs one block) or as Q8_K (out_sum set: the block's 256 outputs are one block).
+// 32 outputs one block) or as Q8_K (out_sum set: the block's 256 outputs are one block); with
+// p.out_round, rounded to f16 / bf16.
 __global__ void __launch_bounds__(kMergeThreads * kMergeMaxHeads)
     attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_ml[kMergeMaxHeads * kMergeWarps][2];
@@ -269,6 +271,8 @@ __global__ void __launch_bounds__(kMergeThreads * kMergeMaxHeads)
     const Q8Elem q = q8_0_warp_block(o);
     p.out_q8[e] = q.q;
     if (lane == 0) p.out_d8[e / 32] = q.d;
+  } else if (p.out_round && live) {
+    p.out_round[e] = round16(o, p.out_round_bf16);
   }
 }
 
@@ -1092,7 +1096,8 @@ void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
                            p.n_head % p.n_head_kv == 0 && p.pos && p.max_keys >= p.n_tok &&
                            (!p.out_q8 || (p.out_d8 && (p.out_sum ? attn_writes_q8k(p.n_tok, p.head_dim_k, p.head_dim_v, p.n_head)
-                                                                 : attn_writes_q8_0(p.n_tok, p.head_dim_k, p.head_dim_v))))
+                                                                 : attn_writes_q8_0(p.n_tok, p.head_dim_k, p.head_dim_v)))) &&
+                           (!p.out_round || (!p.out_q8 && attn_uses_split_k(p.n_tok, p.head_dim_k, p.head_dim_v)))
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   if (p.n_tok == 0) return;

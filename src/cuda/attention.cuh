@@ -65,6 +65,12 @@ struct AttnParams {
   int8_t* out_q8 = nullptr;
   float* out_d8 = nullptr;
   int32_t* out_sum = nullptr;
+  // Optional (null: off; not with out_q8): out ALSO rounded to bf16 (out_round_bf16) or f16,
+  // kept as f32 [n_tok][n_head * head_dim_v], as an F16 / BF16 wo product on the decode path
+  // reads it (matmul_reads_rounded16; round16_rule.cuh), so its act_round launch goes. Written by
+  // the split-K merge: only where attn_uses_split_k; launch_attention fails elsewhere.
+  float* out_round = nullptr;
+  bool out_round_bf16 = false;
   cudaStream_t stream = nullptr;
 };
 

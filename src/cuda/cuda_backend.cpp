@@ -939,19 +939,25 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   a.sinks = d.attn_sinks;
   a.partial = partial_.f();
   a.stream = stream_;
-  // The merge also writes the wo product's Q8_0 or Q8_K input (one quantize kernel fewer),
-  // where wo reads one and the merge can write it. Not under gated attention: wo reads the
+  // The merge also writes the wo product's Q8_0 or Q8_K input (one quantize kernel fewer), or
+  // its F16 / BF16 rounded input (one act_round kernel fewer), where wo reads one and the merge
+  // can write it. Not under gated attention: wo reads the
   // gated output. Q8_K's kernel left out of the 8B Q4_K_M token graph saved 2.1 us a layer
   // (H200, 2.59 -> 2.52 ms).
   const int64_t o_in = p.n_head * p.head_dim_v;
   const MatmulParams wo = matmul_params(d.wo, attn_.f(), o_in, o_.f(), E);
   const bool wo_q8_0 = matmul_reads_q8_0(wo), wo_q8k = !wo_q8_0 && matmul_reads_q8_blocks(wo);
-  const bool o_q8 = !p.attn_out_gate && ((wo_q8_0 && attn_writes_q8_0(n, p.head_dim_k, p.head_dim_v)) ||
-                                         (wo_q8k && attn_writes_q8k(n, p.head_dim_k, p.head_dim_v, p.n_head)));
-  if (o_q8 && wo_q8_0) {
+  // F16 / BF16 wo: the merge writes its input rounded instead (AttnParams::out_round).
+  const bool o_r16 = !p.attn_out_gate && matmul_reads_rounded16(wo) && attn_uses_split_k(n, p.head_dim_k, p.head_dim_v);
+  const bool o_prepared = o_r16 || (!p.attn_out_gate && ((wo_q8_0 && attn_writes_q8_0(n, p.head_dim_k, p.head_dim_v)) ||
+                                                   (wo_q8k && attn_writes_q8k(n, p.head_dim_k, p.head_dim_v, p.n_head))));
+  if (o_r16) {
+    a.out_round = wo.act_round;
+    a.out_round_bf16 = wo.type == static_cast<int>(GgmlType::BF16);
+  } else if (o_prepared && wo_q8_0) {
     a.out_q8 = q8_0_act(wo).q;
     a.out_d8 = q8_0_act(wo).d;
-  } else if (o_q8) {
+  } else if (o_prepared) {
     const Q8KAct x = q8k_act(wo);
     a.out_q8 = x.q;
     a.out_d8 = x.d;
@@ -962,14 +968,14 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   if (p.attn_out_gate) launch_sigmoid_mul(attn_.f(), attn_gate_.f(), n * p.n_head * p.head_dim_v, stream_);
   if (p.parallel_residual) {
     // x + attn(ln(x)) + mlp(ln(x)): the FFN reads the same normed input (or its own norm)
-    matmul(d.wo, attn_.f(), o_in, o_.f(), E, nullptr, o_q8);
+    matmul(d.wo, attn_.f(), o_in, o_.f(), E, nullptr, o_prepared);
     if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
     if (d.ffn_norm.w) norm_rows(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
     ffn(p, d, h_.f(), f_.f(), nullptr);
     launch_add(x_.f(), x_.f(), o_.f(), f_.f(), n * E, stream_);
     return;
   }
-  enqueue_residual_ffn(p, d, d.wo, attn_.f(), o_in, o_q8);
+  enqueue_residual_ffn(p, d, d.wo, attn_.f(), o_in, o_prepared);
 }
 
 void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj,

@@ -116,6 +116,11 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
 
 bool matmul_reads_q8_0(const MatmulParams& p) { return act_prep_for(p) == kActDp4a; }
 
+bool matmul_reads_rounded16(const MatmulParams& p) {
+  const ActRound kind = act_prep_for(p);
+  return (kind == kActF16 || kind == kActBF16) && takes_matvec(p);
+}
+
 bool matmul_reads_q8_blocks(const MatmulParams& p) {
   const ActRound kind = act_prep_for(p);
   return kind == kActDp4a || kind == kActDp4aK;
@@ -150,9 +155,8 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   const ActRound kind = act_prep_for(p);  // kActDp4a(K) implies act_round is set (q8_0_act, q8k_act)
   // F16 / BF16 decode products read x rounded in act_round (dispatch); the producer writes it in
   // its own launch, one act_round launch fewer (8B BF16 graph 4.384 / 4.396 -> 4.256 / 4.267 ms,
-  // H200, one call, alternating). Not for the cuBLAS path: it converts x itself, and its
-  // x_ready means a 16-bit copy in the scratch.
-  const bool rounds16 = (kind == kActF16 || kind == kActBF16) && takes_matvec(p);
+  // H200, one call, alternating).
+  const bool rounds16 = matmul_reads_rounded16(p);
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
     FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
@@ -247,8 +251,10 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                          : cudaErrorInvalidValue);
     FRINK_CUDA_CHECK(i == 0 || (!p.pre_norm && !p.pre_glu && !p.x_prepared) ? cudaSuccess : cudaErrorInvalidValue);
   }
-  // x_prepared: x's producer wrote the Q8_0 / Q8_K blocks already (one producer of x, never two).
-  FRINK_CUDA_CHECK(!ps[0].x_prepared || (!ps[0].pre_norm && !ps[0].pre_glu && matmul_reads_q8_blocks(ps[0]))
+  // x_prepared: x's producer wrote the Q8_0 / Q8_K blocks or the rounded copy already (one
+  // producer of x, never two).
+  FRINK_CUDA_CHECK(!ps[0].x_prepared || (!ps[0].pre_norm && !ps[0].pre_glu &&
+                                         (matmul_reads_q8_blocks(ps[0]) || matmul_reads_rounded16(ps[0])))
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   const bool first_ready =

@@ -95,10 +95,11 @@ struct MatmulParams {
   // in the kernel that quantizes it when the products' preparation is a dp4a one.
   const GluParams* pre_glu = nullptr;
   // launch_matmuls only, first product: act_round ALREADY holds x as the dp4a kernels read it
-  // (Q8_0 blocks, q8_0_act, or Q8_K blocks, q8k_act), written by x's producer (the attention
-  // merge: AttnParams::out_q8; a norm run alone: launch_matmul_producer), so the group starts
-  // without quantizing x. x must hold the f32 values too: later products of another
-  // preparation read them. Only where matmul_reads_q8_blocks(first product); otherwise, or
+  // (Q8_0 blocks, q8_0_act, or Q8_K blocks, q8k_act; or rounded to f16 / bf16), written by
+  // x's producer (the attention merge: AttnParams::out_q8 / out_round; a norm run alone:
+  // launch_matmul_producer), so the group starts without preparing x. x must hold the f32
+  // values too: later products of another preparation read them. Only where
+  // matmul_reads_q8_blocks or matmul_reads_rounded16 (first product); otherwise, or
   // with pre_norm / pre_glu, the launch fails (cudaErrorInvalidValue): the caller asked that
   // predicate, so a mismatch is a bug.
   bool x_prepared = false;
@@ -166,6 +167,10 @@ bool matmul_reads_q8_blocks(const MatmulParams& p);
 // The Q8_0 case of it alone, for a producer that can write only Q8_0 blocks (the attention
 // merge: AttnParams::out_q8).
 bool matmul_reads_q8_0(const MatmulParams& p);
+// Whether product p reads x from act_round rounded to f16 / bf16 and kept as f32 ([n_tok][n_in];
+// F16 / BF16 weights on the matrix-vector path, act_round set): what a producer writes there
+// for x_prepared (the norm and GLU producers, the attention merge: AttnParams::out_round).
+bool matmul_reads_rounded16(const MatmulParams& p);
 // Bytes of act_round that x prepared for matmul_reads_q8_blocks products of n_tok rows of
 // n_in takes: the larger of the two layouts (a producer's buffer serving either).
 size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok);

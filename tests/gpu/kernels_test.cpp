@@ -562,6 +562,64 @@ TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
   EXPECT_ANY_THROW(cuda::launch_matmul(p));
 }
 
+// The attention merge's rounded output for an F16 / BF16 wo (AttnParams::out_round): the bits
+// the product's own act_round launch writes from the merge's f32 output, which is the same with
+// and without it; a wo product that takes them (x_prepared) equals one that rounds x itself. A
+// prefill batch (no merge) or out_round beside out_q8 fails before launching.
+TEST(CudaKernels, AttentionMergeWritesRoundedOutput) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(67);
+  struct MergeCase {
+    int64_t n_tok, pos0, n_head, n_head_kv, hd, max_keys;
+  };
+  const MergeCase cases[] = {{1, 700, 32, 8, 128, 4096}, {3, 300, 8, 1, 128, 0}, {1, 130, 4, 4, 64, 0}};
+  for (const GgmlType wt : {GgmlType::BF16, GgmlType::F16})
+    for (const MergeCase& c : cases) {
+      const std::string where = std::string(ggml_type_name(wt)) + " n_tok " + std::to_string(c.n_tok) + " hd " +
+                                std::to_string(c.hd);
+      const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd, n_in = c.n_head * c.hd, n_x = c.n_tok * n_in;
+      const int64_t max_keys = c.max_keys ? c.max_keys : n_keys, n_out = 24;
+      Dev<float> dq(random_floats(rng, n_x)), dk(random_floats(rng, n_keys * kw)), dv(random_floats(rng, n_keys * kw)),
+          part(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd)), out1(static_cast<size_t>(n_x)),
+          out2(static_cast<size_t>(n_x)), dround(static_cast<size_t>(n_x)), act(static_cast<size_t>(n_x)),
+          y1(static_cast<size_t>(c.n_tok * n_out)), y2(static_cast<size_t>(c.n_tok * n_out));
+      Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
+      cuda::AttnParams p =
+          attn_params(dq.p, dk.p, dv.p, out1.p, part.p, c.n_tok, dpos.p, max_keys, c.n_head, c.n_head_kv, c.hd);
+      p.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+      cuda::launch_attention(p);
+      p.out = out2.p;
+      p.out_round = dround.p;
+      p.out_round_bf16 = wt == GgmlType::BF16;
+      cuda::launch_attention(p);
+      EXPECT_EQ(out1.get(), out2.get()) << where;
+      Dev<uint8_t> dw(random_weights(rng, wt, n_in, n_out).bytes);
+      cuda::MatmulParams m = mat_params(wt, dw.p, n_in, n_out, out2.p, c.n_tok, y1.p);
+      m.act_round = act.p;
+      ASSERT_TRUE(cuda::matmul_reads_rounded16(m)) << where;
+      cuda::launch_matmul(m);
+      EXPECT_EQ(dround.get(), act.get()) << where;  // the product's own rounding of the same values
+      m.act_round = dround.p;
+      m.y = y2.p;
+      m.x_prepared = true;
+      cuda::launch_matmul(m);
+      EXPECT_EQ(y1.get(), y2.get()) << where;
+    }
+  Dev<int32_t> dpos(std::vector<int32_t>{0});
+  Dev<float> dqkv(static_cast<size_t>(8 * 64)), dout(static_cast<size_t>(8 * 64)), dpart(size_t{4096}),
+      dround(static_cast<size_t>(8 * 64)), dd8(static_cast<size_t>(8 * 64 / 32));
+  Dev<int8_t> dq8(std::vector<int8_t>(8 * 64, 0));
+  for (const auto& [n_tok, with_q8] : {std::pair<int64_t, bool>{8, false}, {1, true}}) {
+    cuda::AttnParams p = attn_params(dqkv.p, dqkv.p, dqkv.p, dout.p, dpart.p, n_tok, dpos.p, n_tok, 1, 1, 64);
+    p.out_round = dround.p;
+    if (with_q8) {
+      p.out_q8 = dq8.p;
+      p.out_d8 = dd8.p;
+    }
+    EXPECT_ANY_THROW(cuda::launch_attention(p)) << "n_tok " << n_tok << " with out_q8 " << with_q8;
+  }
+}
+
 // The attention merge's Q8_0 and Q8_K output (AttnParams::out_q8, out_sum): quants, scales
 // (and Q8_K's sums) are the bits the product's own quantization (launch_matmul's for Q8_0 and
 // Q4_K weights) writes from the merge's f32 output; that output is the same with and without
