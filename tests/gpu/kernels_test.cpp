@@ -488,7 +488,8 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
 // and Q8_0 (Q8_0 blocks), Q4_K and Q6_K (Q8_K blocks), widths 4096 (one float4 slab a thread),
 // 2304 (nine 256-blocks; Q6_K rows of 1890 bytes: the direct kernel) and 1088 (threads past the
 // row; Q8_0 blocks only), 1 to 8 tokens. The moe_ffn buffer size (matmul_q8_blocks_bytes)
-// holds either layout. A product that reads no Q8 blocks refuses the flag before launching.
+// holds either layout. A product that reads neither Q8 blocks nor a rounded copy refuses the
+// flag before launching.
 TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(59);
@@ -552,14 +553,19 @@ TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
           for (int i = 0; i < n; ++i) EXPECT_EQ(y1s[static_cast<size_t>(i)]->get(), y2s[static_cast<size_t>(i)]->get())
                                           << where << " product " << i;
         }
-  // BF16 weights read f32 rows rounded to bf16, not Q8 blocks: the flag is a caller's bug.
-  Dev<uint8_t> dw(random_weights(rng, GgmlType::BF16, 256, 8).bytes);
-  Dev<float> dx(random_floats(rng, 256)), dy(8), dact(256);
-  cuda::MatmulParams p = mat_params(GgmlType::BF16, dw.p, 256, 8, dx.p, 1, dy.p);
-  p.act_round = dact.p;
-  p.x_prepared = true;
-  EXPECT_FALSE(cuda::matmul_reads_q8_blocks(p));
-  EXPECT_ANY_THROW(cuda::launch_matmul(p));
+  // F32 weights read x as it is, and Q5_0's rounded Q8_0 copy is no dp4a layout a producer
+  // writes: the flag is a caller's bug. (BF16 decode products take it: the rounded copy,
+  // AttentionMergeWritesRoundedOutput.)
+  for (const GgmlType t : {GgmlType::F32, GgmlType::Q5_0}) {
+    Dev<uint8_t> dw(random_weights(rng, t, 256, 8).bytes);
+    Dev<float> dx(random_floats(rng, 256)), dy(8), dact(256);
+    cuda::MatmulParams p = mat_params(t, dw.p, 256, 8, dx.p, 1, dy.p);
+    p.act_round = dact.p;
+    p.x_prepared = true;
+    EXPECT_FALSE(cuda::matmul_reads_q8_blocks(p)) << ggml_type_name(t);
+    EXPECT_FALSE(cuda::matmul_reads_rounded16(p)) << ggml_type_name(t);
+    EXPECT_ANY_THROW(cuda::launch_matmul(p)) << ggml_type_name(t);
+  }
 }
 
 // The attention merge's rounded output for an F16 / BF16 wo (AttnParams::out_round): the bits
