@@ -263,9 +263,8 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p,
 
 // Two jobs in one launch (launch_norm_router): block 0 the producer (Kind 0: the norm alone,
 // 1: with Q8_0 blocks, 2: with Q8_K blocks, 3: rounded to f16, 4: to bf16, in xr), blocks 1..
-// one router row each, which norm x
-// themselves (norm_vec_row without the store: the producer's h, bit for bit) and dot their
-// row with it. The router's weights load before the dependency wait.
+// one router row each, which norm x themselves (norm_vec_row without the store: the
+// producer's h, bit for bit) and dot their row with it. The router's weights load before the dependency wait.
 template <int Kind>
 __global__ void __launch_bounds__(kNormMaxThreads)
     norm_router_kernel(NormParams p, int8_t* xq, float* xd, Q8KAct a, float* xr, RouterNormParams r) {
@@ -304,22 +303,26 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 
 }  // namespace
 
+template <typename Src>
+void launch_round16(Src src, int64_t n_in, int64_t n_tok, bool bf16, float* out, cudaStream_t stream) {
+  const int64_t n = n_in * n_tok;
+  launch_dependent(act_round_elem_kernel<Src>, static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)), 256,
+                   0, stream, src, n_in, n_tok, bf16, out);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
 void launch_act_round(const MatmulParams& p, ActRound kind) {
   if (kind == kActF16 || kind == kActBF16) {
-    const int64_t n = p.n_in * p.n_tok;
-    launch_dependent(act_round_elem_kernel<RowSource>, static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)),
-                     256, 0, p.stream, RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, kind == kActBF16, p.act_round);
-  } else {
-    const int64_t bs = kind == kActQ8Blocks ? 32 : 256;
-    const int64_t n_warps = p.n_tok * (p.n_in / bs);
-    const unsigned grid = static_cast<unsigned>((n_warps + 7) / 8);
-    if (kind == kActQ8Blocks)
-      launch_dependent(act_round_block_kernel<32>, grid, 256, 0, p.stream, p.x, p.x_stride, p.n_in, p.n_tok,
-                       p.act_round);
-    else
-      launch_dependent(act_round_block_kernel<256>, grid, 256, 0, p.stream, p.x, p.x_stride, p.n_in, p.n_tok,
-                       p.act_round);
+    launch_round16(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, kind == kActBF16, p.act_round, p.stream);
+    return;
   }
+  const int64_t bs = kind == kActQ8Blocks ? 32 : 256;
+  const int64_t n_warps = p.n_tok * (p.n_in / bs);
+  const unsigned grid = static_cast<unsigned>((n_warps + 7) / 8);
+  if (kind == kActQ8Blocks)
+    launch_dependent(act_round_block_kernel<32>, grid, 256, 0, p.stream, p.x, p.x_stride, p.n_in, p.n_tok, p.act_round);
+  else
+    launch_dependent(act_round_block_kernel<256>, grid, 256, 0, p.stream, p.x, p.x_stride, p.n_in, p.n_tok, p.act_round);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
@@ -364,12 +367,7 @@ void launch_glu_q8k(const GluParams& g, const Q8KAct& x) {
 }
 
 void launch_glu_round(const GluParams& g, bool bf16, float* out) {
-  const int64_t n = g.n * g.n_tok;
-  with_glu_source(g, [&](auto src) {
-    launch_dependent(act_round_elem_kernel<decltype(src)>, static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)),
-                     256, 0, g.stream, src, g.n, g.n_tok, bf16, out);
-  });
-  FRINK_CUDA_CHECK_LAUNCH();
+  with_glu_source(g, [&](auto src) { launch_round16(src, g.n, g.n_tok, bf16, out, g.stream); });
 }
 
 void launch_norm_round(const NormParams& np, bool bf16, float* out) {

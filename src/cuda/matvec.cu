@@ -615,19 +615,18 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
     // 0.337 / 0.335 -> 0.351 / 0.350; H200, one call, alternating. Q6_K's likewise. The loops
     // kept their form, rows inside units inside passes, which at KB 1 measured faster than the
     // one-tile loop before them: 8B Q4_K_M 2.237 / 2.248 -> 2.167 / 2.169 ms, one call.)
-    constexpr int kR = OneRow ? 1 : kSRows;
     constexpr int kTile = BlockGeom<T>::kBytes;
     const int sb = lane / 4, gq = lane % 4;
     const int n_tiles = static_cast<int>(first.n_in / 2048), n_sb = static_cast<int>(first.n_in / 256);
     const int4 zero = make_int4(0, 0, 0, 0);
     for (int t0 = 0; t0 < n_tiles; t0 += KB) {
-      uint4 hd[KB][kR];
-      int4 qv[KB][kR][2];
+      uint4 hd[KB][kSRows];
+      int4 qv[KB][kSRows][2];
 #pragma unroll
       for (int u = 0; u < KB; ++u)
         if (t0 + u < n_tiles)
 #pragma unroll
-          for (int r = 0; r < kR; ++r) {
+          for (int r = 0; r < kSRows; ++r) {
             const uint8_t* at = rows[r] + int64_t{t0 + u} * kTile;
             hd[u][r] = ldw(reinterpret_cast<const uint4*>(at) + sb);
 #pragma unroll
@@ -644,16 +643,16 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
         for (int t = 0; t < NT; ++t) {
           const float dx = x.q8k.d[t * n_sb + ib];
           const int32_t* xs = x.q8k.sum + t * (first.n_in / 32) + ib * 8 + 2 * gq;  // 4-byte aligned only
-          int s_lo[kR] = {}, s_hi[kR] = {};
+          int s_lo[kSRows] = {}, s_hi[kSRows] = {};
 #pragma unroll
           for (int h = 0; h < 2; ++h) {  // elements [16 h, 16 h + 16) of both sub-blocks
             const int8_t* xq = x.q8k.q + t * first.n_in + ib * 256 + 64 * gq + 16 * h;
             const int4 xlo = *reinterpret_cast<const int4*>(xq), xhi = *reinterpret_cast<const int4*>(xq + 32);
 #pragma unroll
-            for (int r = 0; r < kR; ++r) q4k_half_dot(qv[u][r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
+            for (int r = 0; r < kSRows; ++r) q4k_half_dot(qv[u][r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
           }
 #pragma unroll
-          for (int r = 0; r < kR; ++r) acc[r][t] += q4k_group_value(hd[u][r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
+          for (int r = 0; r < kSRows; ++r) acc[r][t] += q4k_group_value(hd[u][r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
         }
       }
     }
@@ -663,18 +662,17 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
     // elements [l8, l8 + 8) of each quarter); the tile's layout (dequant.cuh) makes each of the
     // lane's 8-byte runs of ql, ql and qh one 256-byte contiguous load across the warp. KB
     // passes at a time, added in pass order.
-    constexpr int kR = OneRow ? 1 : kSRows;
     constexpr int kTile = BlockGeom<T>::kBytes;
     const int k = lane % 8, h = k / 4, l8 = 8 * (k % 4);
     const int n_pass = static_cast<int>(first.n_in / 1024), n_sb = static_cast<int>(first.n_in / 256);
     for (int p0 = 0; p0 < n_pass; p0 += KB) {
-      uint32_t ql0[KB][kR][2], ql1[KB][kR][2], qh[KB][kR][2], sc[KB][kR][2];
-      unsigned short dr[KB][kR];
+      uint32_t ql0[KB][kSRows][2], ql1[KB][kSRows][2], qh[KB][kSRows][2], sc[KB][kSRows][2];
+      unsigned short dr[KB][kSRows];
 #pragma unroll
       for (int u = 0; u < KB; ++u)
         if (p0 + u < n_pass)
 #pragma unroll
-          for (int r = 0; r < kR; ++r) {
+          for (int r = 0; r < kSRows; ++r) {
             const int pi = p0 + u, s = 4 * (pi % 2) + lane / 8;  // the super-block within its tile
             const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
             const uint2 a0 = ldw(reinterpret_cast<const uint2*>(at + 64 * s) + k);
@@ -694,18 +692,18 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
         const int ib = 4 * (p0 + u) + lane / 8;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          int sumi[kR] = {};
+          int sumi[kSRows] = {};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const int2 xv = *reinterpret_cast<const int2*>(x.q8k.q + t * first.n_in + ib * 256 + 128 * h + 32 * j + l8);
             const int xs32 = q6k_offset(xv);
 #pragma unroll
-            for (int r = 0; r < kR; ++r)
+            for (int r = 0; r < kSRows; ++r)
               sumi[r] += q6k_scale(sc[u][r], l8 / 16 + 2 * j) * q6k_quarter_dot(ql0[u][r], ql1[u][r], qh[u][r], j, xv, xs32);
           }
           const float dx = x.q8k.d[t * n_sb + ib];
 #pragma unroll
-          for (int r = 0; r < kR; ++r)
+          for (int r = 0; r < kSRows; ++r)
             acc[r][t] += (dx * __half2float(__ushort_as_half(dr[u][r]))) * static_cast<float>(sumi[r]);
         }
       }
