@@ -179,13 +179,15 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnParams p,
   }
 }
 
-// The merge's threads per head: 8 warps, each folding every 8th split. A block merges one
-// head, or for Q8_K output (AttnParams::out_sum) the 256 / head_dim_v heads of one 256-block.
-constexpr int kMergeThreads = 256, kMergeWarps = kMergeThreads / 32, kMergeMaxHeads = 4;
+// The merge's threads per head: 8 warps, each folding every 8th split, or in the wide blocks
+// (merge_threads) 1024 threads a block. A block merges one head, or for Q8_K output
+// (AttnParams::out_sum) the 256 / head_dim_v heads of one 256-block.
+constexpr int kMergeThreads = 256;
+constexpr int kMergeMaxThreads = 1024, kMergeMaxWarps = kMergeMaxThreads / 32;
 
-// grid (n_head / heads a block, n_tok), kMergeThreads threads a head: merges the splits of one
+// grid (n_head / heads a block, n_tok), merge_threads threads: merges the splits of one
 // (token, head). With 64-key splits a deep context has hundreds of them, so the splits are
-// spread over the warps (warp w takes splits s0 + w, s0 + w + 8, ...; lanes split the head
+// spread over the warps (warp w takes splits s0 + w, s0 + w + wph, ...; lanes split the head
 // dimension) rather than walked serially by every thread. One pass: a warp folds its splits
 // into its own (m, l, acc) as an online softmax (a split's m, l and columns load together),
 // then the warps meet in shared memory. (It was three passes, max then sum then the weighted
@@ -195,15 +197,18 @@ constexpr int kMergeThreads = 256, kMergeWarps = kMergeThreads / 32, kMergeMaxHe
 // With p.out_q8 the output is also quantized: as Q8_0 (head_dim_v % 32 == 0 makes each warp's
 // 32 outputs one block) or as Q8_K (out_sum set: the block's 256 outputs are one block); with
 // p.out_round, rounded to f16 / bf16.
-__global__ void __launch_bounds__(kMergeThreads * kMergeMaxHeads)
-    attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
-  __shared__ float s_ml[kMergeMaxHeads * kMergeWarps][2];
-  __shared__ float s_acc[kMergeWarps * kAttnMaxHeadDim];  // [head of the block][warp][d]: heads x hdv <= 256
+template <bool kWide>
+__global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
+  __shared__ float s_ml[kMergeMaxWarps][2];
+  // [head of the block][warp][d]: heads x hdv <= 256 in the 8-warp blocks
+  __shared__ float s_acc[(kWide ? kMergeMaxWarps : kMergeThreads / 32) * kAttnMaxHeadDim];
   __shared__ Q8KShared s_q8k;
   dependent_kernel_start();  // the wo product may start its weight copies (pdl.cuh)
-  const int hpb = static_cast<int>(blockDim.x) / kMergeThreads;  // heads a block
+  // Heads a block, warps a head (merge_threads).
+  const int hpb = kWide ? static_cast<int>(p.n_head / gridDim.x) : static_cast<int>(blockDim.x) / kMergeThreads;
+  const int wph = kWide ? static_cast<int>(blockDim.x) / 32 / hpb : kMergeThreads / 32;
   const int hdv = static_cast<int>(p.head_dim_v), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hh = warp / kMergeWarps, w8 = warp % kMergeWarps;
+  const int hh = warp / wph, w8 = warp % wph;
   const int64_t t = blockIdx.y, stride = 2 + p.head_dim_v;
   {
     const int64_t h = blockIdx.x * int64_t{hpb} + hh;
@@ -214,7 +219,7 @@ __global__ void __launch_bounds__(kMergeThreads * kMergeMaxHeads)
     const int64_t s0 = kr.first / chunk, s1 = min(n_split, n_split_for(kr.end, chunk));
     float m = -INFINITY, l = 0.0f, a[kPer] = {};
 #pragma unroll 4  // four splits' loads in flight per warp: the loop is L2-latency bound
-    for (int64_t s = s0 + w8; s < s1; s += kMergeWarps) {
+    for (int64_t s = s0 + w8; s < s1; s += wph) {
       const float* ps = part + s * stride;
       const float ms = ps[0], ls = ps[1];
       float v[kPer];
@@ -244,16 +249,15 @@ __global__ void __launch_bounds__(kMergeThreads * kMergeMaxHeads)
   const bool live = i < hpb * hdv;  // warp-uniform: hdv % 32 == 0 with out_q8
   const int64_t h = blockIdx.x * int64_t{hpb} + oh;
   float mm = -INFINITY;
-  for (int w = 0; w < kMergeWarps; ++w) mm = fmaxf(mm, s_ml[oh * kMergeWarps + w][0]);
+  for (int w = 0; w < wph; ++w) mm = fmaxf(mm, s_ml[oh * wph + w][0]);
   if (p.sinks) mm = fmaxf(mm, p.sinks[h]);
   float o = 0.0f;
   if (live) {
     float sum = 0.0f, ll = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kMergeWarps; ++w) {
-      const float wt = expf(s_ml[oh * kMergeWarps + w][0] - mm);
-      ll += s_ml[oh * kMergeWarps + w][1] * wt;
-      sum += s_acc[(oh * kMergeWarps + w) * hdv + d] * wt;
+    for (int w = 0; w < wph; ++w) {
+      const float wt = expf(s_ml[oh * wph + w][0] - mm);
+      ll += s_ml[oh * wph + w][1] * wt;
+      sum += s_acc[(oh * wph + w) * hdv + d] * wt;
     }
     if (p.sinks) ll += expf(p.sinks[h] - mm);
     o = sum / ll;
@@ -713,13 +717,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 // Per tile: scores (TK 64: thread = key j, heads of j's set; TK 16/32: 8/4 consecutive lanes
 // per key split its head dim and meet by shuffles), a softmax step per head (a warp per
 // head: the tile's max, the running max, sum and correction in s_ml), and P.V (thread = 4
-// columns of V for its heads, accumulators kept across tiles). Prefill-sized batches and
-// decode against long contexts take `tiles` tiles per split (plan_splits). Writes the
+// columns of V and every head for a set of the tile's keys, accumulators kept across tiles;
+// the sets meet at the end). Prefill-sized batches and decode against long contexts take
+// `tiles` tiles per split (plan_splits). Writes the
 // partials (m, l, acc) that attn_merge_kernel combines, in f32 throughout (the host's
 // arithmetic up to summation order).
 constexpr int kDecThreads = 128, kDecMaxHeads = 8;
 constexpr int kDecSets = kDecThreads / static_cast<int>(kAttnChunk);  // threads per key in 64-key scoring
-constexpr int kDecHeadsPerThread = kDecMaxHeads / kDecSets;  // heads per thread in 64-key scoring and in P.V
+constexpr int kDecHeadsPerThread = kDecMaxHeads / kDecSets;  // heads per thread in 64-key scoring
 static_assert(kDecThreads % kAttnChunk == 0 && kAttnChunk == 64, "scoring maps threads onto the split's keys");
 // Score rows of TK + 1 floats: odd, so heads' rows lie in distinct banks.
 __host__ __device__ constexpr int64_t dec_score_stride(int64_t tk) { return tk + 1; }
@@ -727,11 +732,45 @@ __host__ __device__ constexpr int64_t dec_score_stride(int64_t tk) { return tk +
 // Shared floats the decode kernel takes: K rows padded by 4 (a stride = 4 mod 32 words, so the
 // 8 lanes of a 16-byte access phase read distinct banks), V rows, the queries, the scores, and
 // (m, l, correction) per head.
-__host__ __device__ constexpr int64_t dec_smem_floats(int64_t tk, int64_t hdk, int64_t hdv, int64_t hb) {
-  return tk * (hdk + 4) + tk * hdv + hb * hdk + hb * dec_score_stride(tk) + 3 * hb;
+// With key sets (KS) the K/V region also holds their P.V sums at the end (at most
+// kDecThreads float4 a head).
+__host__ __device__ constexpr int64_t dec_kv_floats(int64_t tk, int64_t hdk, int64_t hdv, int64_t hb, bool ks) {
+  return ks && 4 * kDecThreads * hb > tk * (hdk + 4) + tk * hdv ? 4 * kDecThreads * hb : tk * (hdk + 4) + tk * hdv;
+}
+__host__ __device__ constexpr int64_t dec_smem_floats(int64_t tk, int64_t hdk, int64_t hdv, int64_t hb, bool ks) {
+  return dec_kv_floats(tk, hdk, hdv, hb, ks) + hb * hdk + hb * dec_score_stride(tk) + 3 * hb;
 }
 
-template <int TK>
+// The KS kernel's 16-byte copies of TK mirror rows of n4 float4 each into shared memory:
+// copy i = tid + kDecThreads n is row i / n4, column i % n4, walked from the thread's first
+// copy rather than divided per copy. The divisions by a runtime n4 were most of the decode
+// kernel's integer instructions (SASS, H200), and walking took the four-tile splits at depth
+// 16384 from 3.909 to 3.755 ms (8B Q4_0 tg128 graph, H200, one call, two rounds). Exact for
+// n4 <= kDecThreads.
+struct RowCopy {
+  int j0, c0, dj, dc, n4;
+  __device__ explicit RowCopy(int n) : j0(static_cast<int>(threadIdx.x) / n), c0(static_cast<int>(threadIdx.x) % n),
+                                       dj(kDecThreads / n), dc(kDecThreads % n), n4(n) {}
+  // Rows key0 + j, j < TK, of g (row stride gstride floats) into s (row stride sstride); rows
+  // outside [lo, hi) become zeros.
+  template <int TK>
+  __device__ void stage(float* s, int sstride, const float* g, int64_t gstride, int64_t key0, int64_t lo, int64_t hi) const {
+    for (int j = j0, c = c0; j < TK;) {
+      const int64_t key = key0 + j;
+      float* dst = s + j * sstride + 4 * c;
+      if (key >= lo && key < hi) cp_async16(dst, g + key * gstride + 4 * c);
+      else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      j += dj;
+      c += dc;
+      if (c >= n4) {
+        c -= n4;
+        ++j;
+      }
+    }
+  }
+};
+
+template <int TK, bool KS>
 __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb, int tiles) {
   static_assert(TK == 16 || TK == 32 || TK == kAttnChunk, "tile keys");
   constexpr int kStride = static_cast<int>(dec_score_stride(TK));
@@ -748,7 +787,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   const int ks = hdk + 4, kc = hdk / 4, vc = hdv / 4;
   float* const sk = smem;
   float* const sv = sk + TK * ks;
-  float* const sq = sv + TK * hdv;
+  float* const sq = KS ? smem + dec_kv_floats(TK, hdk, hdv, hb, KS) : sv + TK * hdv;
   float* const ss = sq + hb * hdk;
   float* const s_ml = ss + hb * kStride;  // per head: running max, running sum, this tile's correction
   const int64_t kw = p.n_head_kv * p.head_dim_k, vw = p.n_head_kv * p.head_dim_v;
@@ -769,34 +808,45 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     s_ml[3 * tid] = -INFINITY;
     s_ml[3 * tid + 1] = 0.0f;
   }
-  // P.V work: item tid -> column c (4 floats of V) and a head set; heads set, set + sets, ...
-  // (at most kDecHeadsPerThread: sets >= min(hb, 2) as vc <= 64); vc * sets <= kDecThreads,
-  // so a thread has at most one item, and its accumulators live across the tiles.
-  const int sets = min(hb, max(1, kDecThreads / vc));
+  // P.V work. Head sets: item tid -> column c (4 floats of V) and a head set; heads set,
+  // set + sets, ... (at most kDecHeadsPerThread: sets >= min(hb, 2) as vc <= 64); vc * sets <=
+  // kDecThreads, so a thread has at most one item, and its accumulators live across the tiles.
+  // KS (key sets): item tid -> column c and key set tid / vc (keys j = set mod sets) for every
+  // head, so each V float4 is read from shared memory once, not once per head set; the key
+  // sets' sums meet in shared memory after the last tile. For the four-tile splits of long
+  // contexts: 8B Q4_0 tg64 graph at depth 16384 4.211 -> 3.937 ms (H200, one call).
+  const int sets = KS ? kDecThreads / vc : min(hb, max(1, kDecThreads / vc));
   const bool pv_item = tid < vc * sets;
   const int pv_c = tid % vc, pv_set = tid / vc;
-  float4 acc[kDecHeadsPerThread];
+  constexpr int kAcc = KS ? kDecMaxHeads : kDecHeadsPerThread;
+  float4 acc[kAcc];
 #pragma unroll
-  for (int i = 0; i < kDecHeadsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int i = 0; i < kAcc; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
+  const RowCopy kcopy(kc), vcopy(vc);  // KS only
   for (int64_t c0 = s_lo + (s_begin - s_lo) / TK * TK; c0 < s_end; c0 += TK) {
     const int64_t begin = max(c0, s_begin), end = min(s_end, c0 + TK);  // not empty
     __syncthreads();  // the previous tile's readers are done (and sq, s_ml are written)
     // Rows outside [begin, end) are zeros: never read from global memory (they may lie past
     // the mirror's rows), their scores are masked and zero V rows add nothing.
-    for (int i = tid; i < TK * kc; i += kDecThreads) {
-      const int j = i / kc, c = i % kc;
-      const int64_t key = c0 + j;
-      float* dst = sk + j * ks + 4 * c;
-      if (key >= begin && key < end) cp_async16(dst, p.k + key * kw + hk * p.head_dim_k + 4 * c);
-      else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    for (int i = tid; i < TK * vc; i += kDecThreads) {
-      const int j = i / vc, c = i % vc;
-      const int64_t key = c0 + j;
-      float* dst = sv + j * hdv + 4 * c;
-      if (key >= begin && key < end) cp_async16(dst, p.v + key * vw + hk * p.head_dim_v + 4 * c);
-      else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (KS) {
+      kcopy.stage<TK>(sk, ks, p.k + hk * p.head_dim_k, kw, c0, s_begin, s_end);
+      vcopy.stage<TK>(sv, hdv, p.v + hk * p.head_dim_v, vw, c0, s_begin, s_end);
+    } else {
+      for (int i = tid; i < TK * kc; i += kDecThreads) {
+        const int j = i / kc, c = i % kc;
+        const int64_t key = c0 + j;
+        float* dst = sk + j * ks + 4 * c;
+        if (key >= begin && key < end) cp_async16(dst, p.k + key * kw + hk * p.head_dim_k + 4 * c);
+        else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      for (int i = tid; i < TK * vc; i += kDecThreads) {
+        const int j = i / vc, c = i % vc;
+        const int64_t key = c0 + j;
+        float* dst = sv + j * hdv + 4 * c;
+        if (key >= begin && key < end) cp_async16(dst, p.v + key * vw + hk * p.head_dim_v + 4 * c);
+        else *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
     cp_async_wait_all();
     __syncthreads();
@@ -881,7 +931,31 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     __syncthreads();
 
     // P.V over the tile's keys in range.
-    if (pv_item) {
+    if constexpr (KS) {
+      if (pv_item) {
+        const int jb = static_cast<int>(begin - c0), je = static_cast<int>(end - c0);
+#pragma unroll
+        for (int hh = 0; hh < kDecMaxHeads; ++hh) {
+          if (hh < hb) {
+            const float corr = s_ml[3 * hh + 2];
+            acc[hh] = make_float4(acc[hh].x * corr, acc[hh].y * corr, acc[hh].z * corr, acc[hh].w * corr);
+          }
+        }
+        for (int j = jb + ((pv_set - jb % sets) + sets) % sets; j < je; j += sets) {
+          const float4 vv = reinterpret_cast<const float4*>(sv + j * hdv)[pv_c];
+#pragma unroll
+          for (int hh = 0; hh < kDecMaxHeads; ++hh) {
+            if (hh < hb) {
+              const float e = ss[hh * kStride + j];
+              acc[hh].x += e * vv.x;
+              acc[hh].y += e * vv.y;
+              acc[hh].z += e * vv.z;
+              acc[hh].w += e * vv.w;
+            }
+          }
+        }
+      }
+    } else if (pv_item) {
       const int jb = static_cast<int>(begin - c0), je = static_cast<int>(end - c0);
 #pragma unroll
       for (int i = 0; i < kDecHeadsPerThread; ++i) {
@@ -914,7 +988,30 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     out[0] = s_ml[3 * tid];
     out[1] = s_ml[3 * tid + 1];
   }
-  if (pv_item) {
+  if constexpr (KS) {
+    __syncthreads();  // every P.V is done: the K/V region takes the key sets' sums
+    float4* const red = reinterpret_cast<float4*>(smem);  // [key set][head][column]
+    if (pv_item)
+#pragma unroll
+      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+        if (hh < hb) red[(pv_set * hb + hh) * vc + pv_c] = acc[hh];
+    __syncthreads();
+    for (int i = tid; i < hb * vc; i += kDecThreads) {
+      float4 a = red[i];
+      for (int k = 1; k < sets; ++k) {
+        const float4 b = red[k * hb * vc + i];
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+      }
+      float* out = p.partial + ((t * p.n_head + h0 + i / vc) * n_split + split) * pstride + 2 + 4 * (i % vc);
+      out[0] = a.x;
+      out[1] = a.y;
+      out[2] = a.z;
+      out[3] = a.w;
+    }
+  } else if (pv_item) {
 #pragma unroll
     for (int i = 0; i < kDecHeadsPerThread; ++i) {
       const int hh = pv_set + sets * i;
@@ -1006,8 +1103,8 @@ DeviceLimits device_limits() {
 // Above 48 KiB of dynamic shared memory a kernel must opt in: once per (kernel slot, device),
 // because the call may wait for copies in flight (it enqueues nothing, so flash-attention
 // makes it even while a graph is captured).
-// Slots: the decode kernel's three tile sizes (decode_smem_slot), then the two prefill ones.
-constexpr int kMma64Slot = 3, kMma128Slot = 4, kSmemSlots = 5;
+// Slots: the decode kernel's four forms (decode_smem_slot), then the two prefill ones.
+constexpr int kMma64Slot = 4, kMma128Slot = 5, kSmemSlots = 6;
 void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits& dl) {
   static std::atomic<bool> opted[kSmemSlots][kMaxDevices];
   if (bytes <= 48 * 1024) return;
@@ -1028,10 +1125,11 @@ int decode_heads_per_block(int64_t group) {
 
 // The decode kernel for TK-key tiles, and its shared-memory opt-in slot (opt_in_smem).
 using DecodeKernel = void (*)(AttnParams, int64_t, int, int);
-DecodeKernel decode_kernel(int64_t tk) {
-  return tk == 16 ? attn_decode_kernel<16> : tk == 32 ? attn_decode_kernel<32> : attn_decode_kernel<kAttnChunk>;
+DecodeKernel decode_kernel(int64_t tk, bool ks) {
+  if (ks) return attn_decode_kernel<32, true>;  // the four-tile splits' kernel (plan_splits)
+  return tk == 16 ? attn_decode_kernel<16, false> : tk == 32 ? attn_decode_kernel<32, false> : attn_decode_kernel<kAttnChunk, false>;
 }
-int decode_smem_slot(int64_t tk) { return tk == 16 ? 0 : tk == 32 ? 1 : 2; }
+int decode_smem_slot(int64_t tk, bool ks) { return ks ? 3 : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
 
 // How a split-K batch runs: the decode kernel (head dims % 4, 16-byte rows, its shared memory
 // for 64-key tiles fits) with hb query heads per block and tk-key tiles, or the per-head
@@ -1042,12 +1140,13 @@ struct SplitPlan {
   int64_t tk = kAttnChunk;
   size_t dec_smem = 0;
   int64_t chunk = 0, resident = 0;  // resident: decode blocks the device holds at once (0: not asked)
+  bool key_sets = false;            // the decode kernel's KS form (four-tile splits)
 };
 SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   SplitPlan sp;
   sp.hb = decode_heads_per_block(p.n_head / p.n_head_kv);
   const auto smem_for = [&](int64_t tk) {
-    return static_cast<size_t>(dec_smem_floats(tk, p.head_dim_k, p.head_dim_v, sp.hb)) * sizeof(float);
+    return static_cast<size_t>(dec_smem_floats(tk, p.head_dim_k, p.head_dim_v, sp.hb, sp.key_sets)) * sizeof(float);
   };
   sp.dec_kernel = p.head_dim_k % 4 == 0 && p.head_dim_v % 4 == 0 && aligned16(p.k) && aligned16(p.v) &&
                   smem_for(kAttnChunk) <= static_cast<size_t>(dl.smem_optin);
@@ -1059,9 +1158,9 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   const auto take = [&](int64_t tk) {
     sp.tk = tk;
     sp.dec_smem = smem_for(tk);
-    const int64_t most = dec_smem_floats(tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads) * sizeof(float);
-    const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk));
-    opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk), dl);
+    const int64_t most = dec_smem_floats(tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads, sp.key_sets) * sizeof(float);
+    const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk, sp.key_sets));
+    opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk, sp.key_sets), dl);
     return resident_blocks(kernel, kDecThreads, sp.dec_smem);
   };
   if (p.n_tok >= kAttnPrefillMinTok) {
@@ -1071,18 +1170,38 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   sp.resident = take(decode_tile_keys(p.max_keys));
   if (sp.tk < kAttnChunk) {
     sp.chunk = sp.tk;
-  } else if (decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident) == 2) {
-    sp.chunk = 2 * kAttnChunk;
-  } else {
-    // 64-key splits walked as two 32-key tiles: half the shared memory of one 64-key tile, so
-    // twice the blocks resident (8B at depth 4096: 512 blocks against 396 a wave of 64-key
-    // tiles held). tg128 @ d4096 graph (H200, one call): 64 x 1 2.921 ms, 32 x 1 2.826,
-    // 64 x 2 2.863, 16 x 1 3.250, 32 x 2 2.720. At depth 16384 (the two-tile rule above)
-    // 64 x 2 stays: 4.524 against 32 x 2 4.705 and 64 x 1 4.648.
-    sp.resident = take(32);
-    sp.chunk = kAttnChunk;
+    return sp;
   }
+  // Longer grids walk 32-key tiles: half the shared memory of one 64-key tile, so twice the
+  // blocks resident (8B at depth 4096: 512 blocks against 396 a wave of 64-key tiles held).
+  // 64-key splits of two such tiles, or, where the two-tile rule holds, 128-key splits of four
+  // on the KS kernel (half the partials for the merge). tg128 @ d4096 graph (H200, one call):
+  // 64 x 1 2.921 ms, 32 x 1 2.826, 64 x 2 2.863, 16 x 1 3.250, 32 x 2 2.720. At depth 16384
+  // with key sets (tg64 graph, one call): 64 x 2 3.842 / 3.855 ms, 32 x 4 3.730 / 3.724; before
+  // them (tg128) 64 x 2 4.524 against 32 x 2 4.705 and 64 x 1 4.648.
+  const bool four = decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident) == 2;
+  sp.chunk = four ? 2 * kAttnChunk : kAttnChunk;
+  sp.key_sets = four;
+  sp.resident = take(32);
   return sp;
+}
+
+// Threads of a merge block: 8 warps a head, or in the wide blocks, behind a decode grid of
+// 128-key splits (the longest contexts), up to 1024: 32 warps a head at head dim 256, 16 at
+// 128. Why: a warp's
+// splits are a chain of L2 round trips (SASS: ptxas issues one split's loads per step under
+// the 64-register bound), and 8 warps over 129 splits a head took 17 us a layer (ncu, H200,
+// 8B at depth 16384) with 32 blocks on the GPU. Measured with 32 warps a head (8B Q4_0 tg64
+// graph, H200, one call, two rounds): at depth 16384 4.21 -> 4.12-4.13 ms (3.94 -> 3.84-3.86
+// with the key-set P.V); at depth 4096 (64-key splits) 2.54 -> 2.61, hence not there.
+// The wide blocks' warps a head depend on the head dim alone (at most 256 / hdv heads share a
+// block, for Q8_K output), so a head's splits fold in the same order whatever the output's
+// format: the f32 output is the same bits with and without its Q8 blocks.
+bool merge_wide(int64_t n_tok, int64_t chunk) { return n_tok < kAttnPrefillMinTok && chunk > kAttnChunk; }
+int merge_threads(bool wide, int64_t hdv, int hpb) {
+  if (!wide) return kMergeThreads * hpb;
+  const int64_t wph = std::clamp<int64_t>(kMergeMaxWarps * hdv / 256, kMergeThreads / 32, kMergeMaxWarps);
+  return static_cast<int>(wph * 32 * hpb);
 }
 
 }  // namespace
@@ -1128,7 +1247,7 @@ void launch_attention(const AttnParams& p) {
   const size_t dec_smem = sp.dec_smem;
   const int64_t chunk = sp.chunk, n_split = n_split_for(p.max_keys, chunk);
   if (sp.dec_kernel) {  // opted in to its shared memory by plan_splits
-    launch_dependent(decode_kernel(sp.tk),
+    launch_dependent(decode_kernel(sp.tk, sp.key_sets),
                      dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                           static_cast<unsigned>(p.n_tok)),
                      kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));
@@ -1138,9 +1257,11 @@ void launch_attention(const AttnParams& p) {
                           kWarps * 32, 0, p.stream>>>(p, n_split, chunk);
   }
   FRINK_CUDA_CHECK_LAUNCH();
-  const int64_t hpb = p.out_sum ? 256 / p.head_dim_v : 1;  // heads a merge block
-  launch_dependent(attn_merge_kernel, dim3(static_cast<unsigned>(p.n_head / hpb), static_cast<unsigned>(p.n_tok)),
-                   static_cast<unsigned>(kMergeThreads * hpb), 0, p.stream, p, n_split, chunk);
+  const int hpb = p.out_sum ? static_cast<int>(256 / p.head_dim_v) : 1;  // heads a merge block
+  const bool wide = merge_wide(p.n_tok, chunk);
+  launch_dependent(wide ? attn_merge_kernel<true> : attn_merge_kernel<false>,
+                   dim3(static_cast<unsigned>(p.n_head / hpb), static_cast<unsigned>(p.n_tok)),
+                   static_cast<unsigned>(merge_threads(wide, p.head_dim_v, hpb)), 0, p.stream, p, n_split, chunk);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
