@@ -717,11 +717,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 // Per tile: scores (TK 64: thread = key j, heads of j's set; TK 16/32: 8/4 consecutive lanes
 // per key split its head dim and meet by shuffles), a softmax step per head (a warp per
 // head: the tile's max, the running max, sum and correction in s_ml), and P.V (thread = 4
-// columns of V and every head for a set of the tile's keys, accumulators kept across tiles;
-// the sets meet at the end). Prefill-sized batches and decode against long contexts take
-// `tiles` tiles per split (plan_splits). Writes the
-// partials (m, l, acc) that attn_merge_kernel combines, in f32 throughout (the host's
-// arithmetic up to summation order).
+// columns of V for its heads, accumulators kept across tiles; the KS form: for every head and
+// a set of the tile's keys, the sets meeting at the end). Prefill-sized batches and decode
+// against long contexts take `tiles` tiles per split (plan_splits). Writes the partials
+// (m, l, acc) that attn_merge_kernel combines, in f32 throughout (the host's arithmetic up to
+// summation order).
 constexpr int kDecThreads = 128, kDecMaxHeads = 8;
 constexpr int kDecSets = kDecThreads / static_cast<int>(kAttnChunk);  // threads per key in 64-key scoring
 constexpr int kDecHeadsPerThread = kDecMaxHeads / kDecSets;  // heads per thread in 64-key scoring
@@ -813,8 +813,10 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   // kDecThreads, so a thread has at most one item, and its accumulators live across the tiles.
   // KS (key sets): item tid -> column c and key set tid / vc (keys j = set mod sets) for every
   // head, so each V float4 is read from shared memory once, not once per head set; the key
-  // sets' sums meet in shared memory after the last tile. For the four-tile splits of long
-  // contexts: 8B Q4_0 tg64 graph at depth 16384 4.211 -> 3.937 ms (H200, one call).
+  // sets' sums meet in shared memory after the last tile. 8B Q4_0 tg64 graph at depth 16384
+  // (then 64-key tiles) 4.211 -> 3.937 ms (H200, one call); the four-tile splits of long
+  // contexts take it. On the shorter plans it measured slower (depth 4096: 2.49 against 2.40
+  // ms, one call), so they keep head sets and the divided copies, as measured before.
   const int sets = KS ? kDecThreads / vc : min(hb, max(1, kDecThreads / vc));
   const bool pv_item = tid < vc * sets;
   const int pv_c = tid % vc, pv_set = tid / vc;
