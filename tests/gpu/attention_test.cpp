@@ -155,6 +155,8 @@ TEST(CudaAttention, LongContextSplitsOfFourTilesMatchReference) {
       {4, 300, 8, 2, 128, 30.0f, 65536},                      // queries at 301..304, softcap
       {1, 4999, 16, 16, 64, 0.0f, 65536, 1000, false, true},  // window + sinks, group 1
       {1, 200, 16, 16, 64, 0.0f, 65536, 100, true},           // window from a split's second tile, ALiBi
+      {1, 3000, 8, 4, 256, 0.0f, 65536},                      // head dim 256: 2 key sets, 2 heads a block
+      {1, 2500, 48, 8, 72, 0.0f, 65536},                      // head dim 72 (7 key sets of 18 columns), 6 heads
   };
   for (const Case& c : cases) {
     cuda::AttnParams q;  // the shape alone decides (device memory is not read)
