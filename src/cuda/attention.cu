@@ -932,46 +932,24 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     }
     __syncthreads();
 
-    // P.V over the tile's keys in range.
-    if constexpr (KS) {
-      if (pv_item) {
-        const int jb = static_cast<int>(begin - c0), je = static_cast<int>(end - c0);
-#pragma unroll
-        for (int hh = 0; hh < kDecMaxHeads; ++hh) {
-          if (hh < hb) {
-            const float corr = s_ml[3 * hh + 2];
-            acc[hh] = make_float4(acc[hh].x * corr, acc[hh].y * corr, acc[hh].z * corr, acc[hh].w * corr);
-          }
-        }
-        for (int j = jb + ((pv_set - jb % sets) + sets) % sets; j < je; j += sets) {
-          const float4 vv = reinterpret_cast<const float4*>(sv + j * hdv)[pv_c];
-#pragma unroll
-          for (int hh = 0; hh < kDecMaxHeads; ++hh) {
-            if (hh < hb) {
-              const float e = ss[hh * kStride + j];
-              acc[hh].x += e * vv.x;
-              acc[hh].y += e * vv.y;
-              acc[hh].z += e * vv.z;
-              acc[hh].w += e * vv.w;
-            }
-          }
-        }
-      }
-    } else if (pv_item) {
+    // P.V over the tile's keys in range: a key-set item takes every head and its set's keys,
+    // a head-set item its set's heads and every key.
+    if (pv_item) {
       const int jb = static_cast<int>(begin - c0), je = static_cast<int>(end - c0);
+      const auto head = [&](int i) { return KS ? i : pv_set + sets * i; };
 #pragma unroll
-      for (int i = 0; i < kDecHeadsPerThread; ++i) {
-        const int hh = pv_set + sets * i;
+      for (int i = 0; i < kAcc; ++i) {
+        const int hh = head(i);
         if (hh < hb) {
           const float corr = s_ml[3 * hh + 2];
           acc[i] = make_float4(acc[i].x * corr, acc[i].y * corr, acc[i].z * corr, acc[i].w * corr);
         }
       }
-      for (int j = jb; j < je; ++j) {
+      for (int j = KS ? jb + ((pv_set - jb % sets) + sets) % sets : jb; j < je; j += KS ? sets : 1) {
         const float4 vv = reinterpret_cast<const float4*>(sv + j * hdv)[pv_c];
 #pragma unroll
-        for (int i = 0; i < kDecHeadsPerThread; ++i) {
-          const int hh = pv_set + sets * i;
+        for (int i = 0; i < kAcc; ++i) {
+          const int hh = head(i);
           if (hh < hb) {
             const float e = ss[hh * kStride + j];
             acc[i].x += e * vv.x;
