@@ -787,6 +787,8 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   const int ks = hdk + 4, kc = hdk / 4, vc = hdv / 4;
   float* const sk = smem;
   float* const sv = sk + TK * ks;
+  // The head-set form keeps its own expression for the same offset: written as the KS one,
+  // ptxas gave those kernels 72 registers instead of 124, and they ran slower (gpu-notes).
   float* const sq = KS ? smem + dec_kv_floats(TK, hdk, hdv, hb, KS) : sv + TK * hdv;
   float* const ss = sq + hb * hdk;
   float* const s_ml = ss + hb * kStride;  // per head: running max, running sum, this tile's correction
@@ -1106,7 +1108,7 @@ int decode_heads_per_block(int64_t group) {
 // The decode kernel for TK-key tiles, and its shared-memory opt-in slot (opt_in_smem).
 using DecodeKernel = void (*)(AttnParams, int64_t, int, int);
 DecodeKernel decode_kernel(int64_t tk, bool ks) {
-  if (ks) return attn_decode_kernel<32, true>;  // the four-tile splits' kernel (plan_splits)
+  if (ks) return attn_decode_kernel<32, true>;  // the four-tile splits' kernel: plan_splits takes 32-key tiles
   return tk == 16 ? attn_decode_kernel<16, false> : tk == 32 ? attn_decode_kernel<32, false> : attn_decode_kernel<kAttnChunk, false>;
 }
 int decode_smem_slot(int64_t tk, bool ks) { return ks ? 3 : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
