@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda_fp16.h>
 
@@ -770,7 +771,9 @@ struct RowCopy {
   }
 };
 
-template <int TK, bool KS>
+// HB: the most heads a block holds (hb <= HB), the bound of the per-head loops, which run
+// predicated up to it: the KS kernel takes 4 where the group allows (Llama-3), else 8.
+template <int TK, bool KS, int HB = kDecMaxHeads>
 __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb, int tiles) {
   static_assert(TK == 16 || TK == 32 || TK == kAttnChunk, "tile keys");
   constexpr int kStride = static_cast<int>(dec_score_stride(TK));
@@ -820,7 +823,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   const int sets = KS ? kDecThreads / vc : min(hb, max(1, kDecThreads / vc));
   const bool pv_item = tid < vc * sets;
   const int pv_c = tid % vc, pv_set = tid / vc;
-  constexpr int kAcc = KS ? kDecMaxHeads : kDecHeadsPerThread;
+  constexpr int kAcc = KS ? HB : kDecHeadsPerThread;
   float4 acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -882,12 +885,12 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     } else {
       constexpr int kP = kDecThreads / TK;  // 4 or 8: within a warp
       const int j = tid / kP, part = tid % kP;
-      float dot[kDecMaxHeads] = {};
+      float dot[HB] = {};
       const float4* k4 = reinterpret_cast<const float4*>(sk + j * ks);
       for (int c = part; c < kc; c += kP) {
         const float4 kv = k4[c];
 #pragma unroll
-        for (int hh = 0; hh < kDecMaxHeads; ++hh) {
+        for (int hh = 0; hh < HB; ++hh) {
           if (hh < hb) {
             const float4 qv = reinterpret_cast<const float4*>(sq + hh * hdk)[c];
             dot[hh] += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
@@ -895,13 +898,13 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
         }
       }
 #pragma unroll
-      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+      for (int hh = 0; hh < HB; ++hh)
 #pragma unroll
         for (int o = kP / 2; o > 0; o >>= 1) dot[hh] += __shfl_xor_sync(0xffffffffu, dot[hh], o);
       const int64_t key = c0 + j;
       const bool in = key >= begin && key < end;
 #pragma unroll
-      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+      for (int hh = 0; hh < HB; ++hh)
         if (hh < hb && hh % kP == part) ss[hh * kStride + j] = in ? attn_logit(p, dot[hh], h0 + hh, kr.pos, key) : -INFINITY;
     }
     __syncthreads();
@@ -973,7 +976,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     float4* const red = reinterpret_cast<float4*>(smem);  // [key set][head][column]
     if (pv_item)
 #pragma unroll
-      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+      for (int hh = 0; hh < HB; ++hh)
         if (hh < hb) red[(pv_set * hb + hh) * vc + pv_c] = acc[hh];
     __syncthreads();
     for (int i = tid; i < hb * vc; i += kDecThreads) {
@@ -1084,7 +1087,7 @@ DeviceLimits device_limits() {
 // because the call may wait for copies in flight (it enqueues nothing, so flash-attention
 // makes it even while a graph is captured).
 // Slots: the decode kernel's four forms (decode_smem_slot), then the two prefill ones.
-constexpr int kMma64Slot = 4, kMma128Slot = 5, kSmemSlots = 6;
+constexpr int kMma64Slot = 5, kMma128Slot = 6, kSmemSlots = 7;
 void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits& dl) {
   static std::atomic<bool> opted[kSmemSlots][kMaxDevices];
   if (bytes <= 48 * 1024) return;
@@ -1105,11 +1108,12 @@ int decode_heads_per_block(int64_t group) {
 
 // The decode kernel for TK-key tiles, and its shared-memory opt-in slot (opt_in_smem).
 using DecodeKernel = void (*)(AttnParams, int64_t, int, int);
-DecodeKernel decode_kernel(int64_t tk, bool ks) {
-  if (ks) return attn_decode_kernel<32, true>;  // the four-tile splits' kernel (plan_splits)
+DecodeKernel decode_kernel(int64_t tk, bool ks, int hb) {
+  static const bool hb8 = std::getenv("FRINK_AB_HB8") != nullptr;  // AB-TEMP
+  if (ks) return hb <= 4 && !hb8 ? attn_decode_kernel<32, true, 4> : attn_decode_kernel<32, true>;  // four-tile splits (plan_splits)
   return tk == 16 ? attn_decode_kernel<16, false> : tk == 32 ? attn_decode_kernel<32, false> : attn_decode_kernel<kAttnChunk, false>;
 }
-int decode_smem_slot(int64_t tk, bool ks) { return ks ? 3 : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
+int decode_smem_slot(int64_t tk, bool ks, int hb) { return ks ? (hb <= 4 ? 4 : 3) : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
 
 // How a split-K batch runs: the decode kernel (head dims % 4, 16-byte rows, its shared memory
 // for 64-key tiles fits) with hb query heads per block and tk-key tiles, or the per-head
@@ -1139,8 +1143,10 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
     sp.tk = tk;
     sp.dec_smem = smem_for(tk);
     const int64_t most = dec_smem_floats(tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads, sp.key_sets) * sizeof(float);
-    const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk, sp.key_sets));
-    opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk, sp.key_sets), dl);
+    const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk, sp.key_sets, sp.hb));
+    opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk, sp.key_sets, sp.hb), dl);
+    if (const char* e = std::getenv("FRINK_AB_KSPAD"); e && sp.key_sets)  // AB-TEMP: cap the KS kernel's residency
+      sp.dec_smem = std::max<size_t>(sp.dec_smem, std::strtoul(e, nullptr, 10));
     return resident_blocks(kernel, kDecThreads, sp.dec_smem);
   };
   if (p.n_tok >= kAttnPrefillMinTok) {
@@ -1227,7 +1233,7 @@ void launch_attention(const AttnParams& p) {
   const size_t dec_smem = sp.dec_smem;
   const int64_t chunk = sp.chunk, n_split = n_split_for(p.max_keys, chunk);
   if (sp.dec_kernel) {  // opted in to its shared memory by plan_splits
-    launch_dependent(decode_kernel(sp.tk, sp.key_sets),
+    launch_dependent(decode_kernel(sp.tk, sp.key_sets, sp.hb),
                      dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                           static_cast<unsigned>(p.n_tok)),
                      kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));
