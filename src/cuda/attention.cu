@@ -198,7 +198,9 @@ constexpr int kMergeMaxThreads = 1024, kMergeMaxWarps = kMergeMaxThreads / 32;
 // With p.out_q8 the output is also quantized: as Q8_0 (head_dim_v % 32 == 0 makes each warp's
 // 32 outputs one block) or as Q8_K (out_sum set: the block's 256 outputs are one block); with
 // p.out_round, rounded to f16 / bf16.
-template <bool kWide>
+// KP: head-dim elements a lane (hdv <= 32 KP); KB: splits a warp loads before folding them
+// (KB 1: one at a time, as ptxas schedules the unrolled loop).
+template <bool kWide, int KP = kPer, int KB = 1>
 __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_ml[kMergeMaxWarps][2];
   // [head of the block][warp][d]: heads x hdv <= 256 in the 8-warp blocks
@@ -218,27 +220,54 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
     // of them was written (its chunk meets [first, end)), with a finite max.
     const KeyRange kr = key_range(p, t);
     const int64_t s0 = kr.first / chunk, s1 = min(n_split, n_split_for(kr.end, chunk));
-    float m = -INFINITY, l = 0.0f, a[kPer] = {};
+    float m = -INFINITY, l = 0.0f, a[KP] = {};
+    if constexpr (KB == 1) {
 #pragma unroll 4  // four splits' loads in flight per warp: the loop is L2-latency bound
-    for (int64_t s = s0 + w8; s < s1; s += wph) {
-      const float* ps = part + s * stride;
-      const float ms = ps[0], ls = ps[1];
-      float v[kPer];
+      for (int64_t s = s0 + w8; s < s1; s += wph) {
+        const float* ps = part + s * stride;
+        const float ms = ps[0], ls = ps[1];
+        float v[KP];
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
-      const float mn = fmaxf(m, ms);  // finite: ms is
-      const float c_old = expf(m - mn), c_new = expf(ms - mn);
-      l = l * c_old + ls * c_new;
+        for (int i = 0; i < KP; ++i) v[i] = lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
+        const float mn = fmaxf(m, ms);  // finite: ms is
+        const float c_old = expf(m - mn), c_new = expf(ms - mn);
+        l = l * c_old + ls * c_new;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) a[i] = a[i] * c_old + v[i] * c_new;
-      m = mn;
+        for (int i = 0; i < KP; ++i) a[i] = a[i] * c_old + v[i] * c_new;
+        m = mn;
+      }
+    } else {
+      // KB splits' loads issued together, then folded in the same order as above (the same
+      // bits): one L2 round trip for KB splits.
+      for (int64_t s = s0 + w8; s < s1; s += KB * wph) {
+        float ms[KB], ls[KB], v[KB][KP];
+#pragma unroll
+        for (int b = 0; b < KB; ++b) {
+          const bool in = s + b * wph < s1;
+          const float* ps = part + (s + b * wph) * stride;
+          ms[b] = in ? ps[0] : -INFINITY;
+          ls[b] = in ? ps[1] : 0.0f;
+#pragma unroll
+          for (int i = 0; i < KP; ++i) v[b][i] = in && lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < KB; ++b) {
+          if (ms[b] == -INFINITY) break;  // past s1 (a written split's max is finite)
+          const float mn = fmaxf(m, ms[b]);
+          const float c_old = expf(m - mn), c_new = expf(ms[b] - mn);
+          l = l * c_old + ls[b] * c_new;
+#pragma unroll
+          for (int i = 0; i < KP; ++i) a[i] = a[i] * c_old + v[b][i] * c_new;
+          m = mn;
+        }
+      }
     }
     if (lane == 0) {
       s_ml[warp][0] = m;
       s_ml[warp][1] = l;
     }
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
+    for (int i = 0; i < KP; ++i)
       if (lane + 32 * i < hdv) s_acc[warp * hdv + lane + 32 * i] = a[i];
   }
   __syncthreads();
@@ -1245,7 +1274,13 @@ void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK_LAUNCH();
   const int hpb = p.out_sum ? static_cast<int>(256 / p.head_dim_v) : 1;  // heads a merge block
   const bool wide = merge_wide(p.n_tok, chunk);
-  launch_dependent(wide ? attn_merge_kernel<true> : attn_merge_kernel<false>,
+  static const bool mb = std::getenv("FRINK_AB_MB") != nullptr;  // AB-TEMP: batched merge loads
+  using MergeKernel = void (*)(AttnParams, int64_t, int64_t);
+  const int kp = p.head_dim_v <= 64 ? 2 : p.head_dim_v <= 128 ? 4 : 8;
+  const MergeKernel merge = !mb ? (wide ? attn_merge_kernel<true> : attn_merge_kernel<false>)
+                            : wide ? (kp == 2 ? attn_merge_kernel<true, 2, 4> : kp == 4 ? attn_merge_kernel<true, 4, 4> : attn_merge_kernel<true, 8, 2>)
+                                   : (kp == 2 ? attn_merge_kernel<false, 2, 4> : kp == 4 ? attn_merge_kernel<false, 4, 4> : attn_merge_kernel<false, 8, 2>);
+  launch_dependent(merge,
                    dim3(static_cast<unsigned>(p.n_head / hpb), static_cast<unsigned>(p.n_tok)),
                    static_cast<unsigned>(merge_threads(wide, p.head_dim_v, hpb)), 0, p.stream, p, n_split, chunk);
   FRINK_CUDA_CHECK_LAUNCH();
