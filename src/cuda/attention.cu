@@ -99,6 +99,16 @@ __device__ __forceinline__ KeyRange key_range(const AttnParams& p, int64_t t) {
   return {pos, p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : int64_t{0}, pos + 1};
 }
 
+// AB-TEMP even: split s of n of the tiles (tk keys) that hold kr's keys: tiles
+// [f + s T / n, f + (s + 1) T / n) of the T from tile f, as keys [lo, hi) (empty: lo == hi).
+struct EvenSplit {
+  int64_t lo, hi;
+};
+__device__ __forceinline__ EvenSplit even_split(const KeyRange& kr, int64_t tk, int64_t n, int64_t s) {
+  const int64_t f = kr.first / tk, n_t = (kr.end + tk - 1) / tk - f;
+  return {(f + s * n_t / n) * tk, (f + (s + 1) * n_t / n) * tk};
+}
+
 // Q.K of key j for head h's query at pos -> its logit: scale, softcap, then the ALiBi bias
 // (the host's order).
 __device__ __forceinline__ float attn_logit(const AttnParams& p, float dot, int64_t h, int64_t pos, int64_t j) {
@@ -200,7 +210,7 @@ constexpr int kMergeMaxThreads = 1024, kMergeMaxWarps = kMergeMaxThreads / 32;
 // p.out_round, rounded to f16 / bf16.
 // KP: head-dim elements a lane (hdv <= 32 KP); KB: splits a warp loads before folding them
 // (KB 1: one at a time, as ptxas schedules the unrolled loop).
-template <bool kWide, int KP = kPer, int KB = 1>
+template <bool kWide, int KP = kPer, int KB = 1, bool kEven = false>
 __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_ml[kMergeMaxWarps][2];
   // [head of the block][warp][d]: heads x hdv <= 256 in the 8-warp blocks
@@ -219,11 +229,19 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
     // The splits that hold keys of this query: [s0, s1) (min: never past the grid). Every one
     // of them was written (its chunk meets [first, end)), with a finite max.
     const KeyRange kr = key_range(p, t);
-    const int64_t s0 = kr.first / chunk, s1 = min(n_split, n_split_for(kr.end, chunk));
+    const int64_t s0 = kEven ? 0 : kr.first / chunk, s1 = kEven ? n_split : min(n_split, n_split_for(kr.end, chunk));
+    const auto live = [&](int64_t s) {  // even splits may be empty (fewer tiles than splits)
+      if constexpr (kEven) {
+        const EvenSplit es = even_split(kr, 32, n_split, s);
+        return es.lo < es.hi;
+      }
+      return true;
+    };
     float m = -INFINITY, l = 0.0f, a[KP] = {};
     if constexpr (KB == 1) {
 #pragma unroll 4  // four splits' loads in flight per warp: the loop is L2-latency bound
       for (int64_t s = s0 + w8; s < s1; s += wph) {
+        if (!live(s)) continue;
         const float* ps = part + s * stride;
         const float ms = ps[0], ls = ps[1];
         float v[KP];
@@ -243,7 +261,7 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
         float ms[KB], ls[KB], v[KB][KP];
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
-          const bool in = s + b * wph < s1;
+          const bool in = s + b * wph < s1 && live(s + b * wph);
           const float* ps = part + (s + b * wph) * stride;
           ms[b] = in ? ps[0] : -INFINITY;
           ls[b] = in ? ps[1] : 0.0f;
@@ -252,7 +270,7 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
         }
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
-          if (ms[b] == -INFINITY) break;  // past s1 (a written split's max is finite)
+          if (ms[b] == -INFINITY) continue;  // past s1 or empty (a written split's max is finite)
           const float mn = fmaxf(m, ms[b]);
           const float c_old = expf(m - mn), c_new = expf(ms[b] - mn);
           l = l * c_old + ls[b] * c_new;
@@ -812,8 +830,13 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   const int64_t split = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * hb, t = blockIdx.z;
   const int64_t hk = h0 / (p.n_head / p.n_head_kv);  // hb divides the group: one KV head
   const KeyRange kr = key_range(p, t);
-  const int64_t s_lo = split * TK * tiles;
-  const int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_lo + TK * tiles);
+  int64_t s_lo = split * TK * tiles, s_hi = s_lo + TK * tiles;
+  if (KS && tiles == 0) {  // AB-TEMP even: the token's tiles shared out evenly over the n_split splits
+    const EvenSplit es = even_split(kr, TK, n_split, split);
+    s_lo = es.lo;
+    s_hi = es.hi;
+  }
+  const int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_hi);
   if (s_begin >= s_end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
   const int ks = hdk + 4, kc = hdk / 4, vc = hdv / 4;
@@ -1154,6 +1177,7 @@ struct SplitPlan {
   size_t dec_smem = 0;
   int64_t chunk = 0, resident = 0;  // resident: decode blocks the device holds at once (0: not asked)
   bool key_sets = false;            // the decode kernel's KS form (four-tile splits)
+  int64_t even_splits = 0;          // AB-TEMP even: chunk 0, the token's tiles over this many splits
 };
 SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   SplitPlan sp;
@@ -1198,6 +1222,11 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   sp.chunk = four ? 2 * kAttnChunk : kAttnChunk;
   sp.key_sets = four;
   sp.resident = take(32);
+  static const int even = std::getenv("FRINK_AB_EVEN") ? std::atoi(std::getenv("FRINK_AB_EVEN")) : 0;  // AB-TEMP
+  if (four && even > 0) {
+    sp.even_splits = std::clamp<int64_t>(even * sp.resident / (p.n_head / sp.hb * p.n_tok), 1, n_split_for(p.max_keys, 32));
+    sp.chunk = 0;
+  }
   return sp;
 }
 
@@ -1260,12 +1289,12 @@ void launch_attention(const AttnParams& p) {
   const SplitPlan sp = plan_splits(p, dl);
   const int hb = sp.hb;
   const size_t dec_smem = sp.dec_smem;
-  const int64_t chunk = sp.chunk, n_split = n_split_for(p.max_keys, chunk);
+  const int64_t chunk = sp.chunk, n_split = sp.even_splits ? sp.even_splits : n_split_for(p.max_keys, chunk);
   if (sp.dec_kernel) {  // opted in to its shared memory by plan_splits
     launch_dependent(decode_kernel(sp.tk, sp.key_sets, sp.hb),
                      dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                           static_cast<unsigned>(p.n_tok)),
-                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));
+                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));  // even: tiles 0
   } else {
     attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
                                static_cast<unsigned>(p.n_tok)),
@@ -1273,11 +1302,13 @@ void launch_attention(const AttnParams& p) {
   }
   FRINK_CUDA_CHECK_LAUNCH();
   const int hpb = p.out_sum ? static_cast<int>(256 / p.head_dim_v) : 1;  // heads a merge block
-  const bool wide = merge_wide(p.n_tok, chunk);
+  const bool wide = merge_wide(p.n_tok, chunk) || sp.even_splits;
+  const bool ev = sp.even_splits > 0;
   static const bool mb = std::getenv("FRINK_AB_MB") != nullptr;  // AB-TEMP: batched merge loads
   using MergeKernel = void (*)(AttnParams, int64_t, int64_t);
   const int kp = p.head_dim_v <= 64 ? 2 : p.head_dim_v <= 128 ? 4 : 8;
-  const MergeKernel merge = !mb ? (wide ? attn_merge_kernel<true> : attn_merge_kernel<false>)
+  const MergeKernel merge = ev ? (kp == 2 ? attn_merge_kernel<true, 2, 4, true> : kp == 4 ? attn_merge_kernel<true, 4, 4, true> : attn_merge_kernel<true, 8, 2, true>)
+                            : !mb ? (wide ? attn_merge_kernel<true> : attn_merge_kernel<false>)
                             : wide ? (kp == 2 ? attn_merge_kernel<true, 2, 4> : kp == 4 ? attn_merge_kernel<true, 4, 4> : attn_merge_kernel<true, 8, 2>)
                                    : (kp == 2 ? attn_merge_kernel<false, 2, 4> : kp == 4 ? attn_merge_kernel<false, 4, 4> : attn_merge_kernel<false, 8, 2>);
   launch_dependent(merge,
