@@ -830,13 +830,14 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   const int64_t split = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * hb, t = blockIdx.z;
   const int64_t hk = h0 / (p.n_head / p.n_head_kv);  // hb divides the group: one KV head
   const KeyRange kr = key_range(p, t);
-  int64_t s_lo = split * TK * tiles, s_hi = s_lo + TK * tiles;
+  int64_t s_lo = split * TK * tiles;
+  int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_lo + TK * tiles);
   if (KS && tiles == 0) {  // AB-TEMP even: the token's tiles shared out evenly over the n_split splits
     const EvenSplit es = even_split(kr, TK, n_split, split);
     s_lo = es.lo;
-    s_hi = es.hi;
+    s_begin = max(es.lo, kr.first);
+    s_end = min(kr.end, es.hi);
   }
-  const int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_hi);
   if (s_begin >= s_end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
   const int ks = hdk + 4, kc = hdk / 4, vc = hdv / 4;
