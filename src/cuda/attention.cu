@@ -1223,7 +1223,7 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   sp.chunk = four ? 2 * kAttnChunk : kAttnChunk;
   sp.key_sets = four;
   sp.resident = take(32);
-  static const int even = std::getenv("FRINK_AB_EVEN") ? std::atoi(std::getenv("FRINK_AB_EVEN")) : 0;  // AB-TEMP
+  static const int even = std::getenv("FRINK_AB_EVEN") ? std::atoi(std::getenv("FRINK_AB_EVEN")) : 1;  // AB-TEMP: 0 = 128-key splits
   if (four && even > 0) {
     sp.even_splits = std::clamp<int64_t>(even * sp.resident / (p.n_head / sp.hb * p.n_tok), 1, n_split_for(p.max_keys, 32));
     sp.chunk = 0;
@@ -1253,7 +1253,7 @@ int merge_threads(bool wide, int64_t hdv, int hpb) {
 
 AttnSplit attn_split(const AttnParams& p) {
   const SplitPlan sp = plan_splits(p, device_limits());
-  return {sp.tk, sp.chunk};
+  return {sp.tk, sp.chunk, sp.even_splits};
 }
 
 void launch_attention(const AttnParams& p) {

@@ -95,6 +95,7 @@ size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int6
 // 64 for prefill-sized batches (head dims above 128).
 struct AttnSplit {
   int64_t tile_keys, split_keys;
+  int64_t even_splits;  // the longest contexts: split_keys 0, each token's tiles over this many splits
 };
 AttnSplit attn_split(const AttnParams& p);
 void launch_attention(const AttnParams& p);

@@ -158,6 +158,8 @@ TEST(CudaAttention, LongContextSplitsOfFourTilesMatchReference) {
       {1, 200, 16, 16, 64, 0.0f, 65536, 100, true},           // window from a split's second tile, ALiBi
       {1, 3000, 8, 4, 256, 0.0f, 65536},                      // head dim 256: 2 key sets, 2 heads a block
       {1, 2500, 48, 8, 72, 0.0f, 65536},                      // head dim 72 (7 key sets of 18 columns), 6 heads
+      {1, 20000, 32, 8, 128, 0.0f, 65536},                    // more tiles than splits: 6 or 7 a split
+      {4, 12000, 8, 2, 128, 0.0f, 65536, 3000},               // 4 queries, each its own share of the tiles
   };
   for (const Case& c : cases) {
     cuda::AttnParams q;  // the shape alone decides (device memory is not read)
@@ -168,8 +170,11 @@ TEST(CudaAttention, LongContextSplitsOfFourTilesMatchReference) {
     q.head_dim_k = q.head_dim_v = c.hd;
     const cuda::AttnSplit sp = cuda::attn_split(q);
     ASSERT_EQ(sp.tile_keys, 32) << describe(c);
-    if (!std::getenv("FRINK_AB_EVEN")) {  // AB-TEMP: even splits report 0
+    if (std::getenv("FRINK_AB_EVEN") && std::atoi(std::getenv("FRINK_AB_EVEN")) == 0) {  // AB-TEMP
       ASSERT_EQ(sp.split_keys, 128) << describe(c);
+    } else {
+      ASSERT_EQ(sp.split_keys, 0) << describe(c);
+      ASSERT_GT(sp.even_splits, 0) << describe(c);
     }
     const double e = run_case(rng, c);
     std::printf("decode  %s: nmse %.3g (four-tile splits)\n", describe(c).c_str(), e);
