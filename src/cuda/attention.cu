@@ -36,7 +36,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include <cuda_fp16.h>
 
@@ -78,13 +77,13 @@ int64_t decode_tile_keys(int64_t max_keys) {
   return kAttnChunk;
 }
 
-// 64-key tiles per decode split: 2 when even the shortest context a grid for max_keys serves
-// (a token graph's bound is the next power of two of the length: at least max_keys / 2 keys)
-// gives 4 waves of one-tile blocks (blocks_per_split per split, `resident` blocks at once).
-// Why: at 16.5k keys (8B, 8 KV heads) the merge, one block per head over 258 partials, took
-// 30 us of a layer's 110 us of attention (ncu, H200); 128-key splits halve its partials, and
-// the token's graph went 5.48 -> 5.03 ms. Shorter contexts keep 64-key splits, walked as two
-// 32-key tiles (plan_splits).
+// The two-tile rule: 2 when even the shortest context a grid for max_keys serves (a token
+// graph's bound is the next power of two of the length: at least max_keys / 2 keys) gives 4
+// waves of one-tile blocks (blocks_per_split per split, `resident` blocks at once); such grids
+// then take even splits of 32-key tiles (plan_splits). Why: at 16.5k keys (8B, 8 KV heads)
+// the merge, one block per head over 258 partials, took 30 us of a layer's 110 us of
+// attention (ncu, H200); 128-key splits halved its partials, and the token's graph went 5.48
+// -> 5.03 ms. Shorter contexts keep 64-key splits, walked as two 32-key tiles.
 int decode_split_tiles(int64_t max_keys, int64_t blocks_per_split, int64_t resident) {
   return resident > 0 && max_keys / 2 / kAttnChunk * blocks_per_split >= 4 * resident ? 2 : 1;
 }
@@ -99,8 +98,9 @@ __device__ __forceinline__ KeyRange key_range(const AttnParams& p, int64_t t) {
   return {pos, p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : int64_t{0}, pos + 1};
 }
 
-// AB-TEMP even: split s of n of the tiles (tk keys) that hold kr's keys: tiles
-// [f + s T / n, f + (s + 1) T / n) of the T from tile f, as keys [lo, hi) (empty: lo == hi).
+// Split s of n even splits (plan_splits): the tiles of tk keys that hold kr's keys, T of them
+// from tile f, shared out as tiles [f + s T / n, f + (s + 1) T / n), returned as keys [lo, hi)
+// (empty, lo == hi, where T < n). Decode kernel and merge both derive a split's keys from it.
 struct EvenSplit {
   int64_t lo, hi;
 };
@@ -208,9 +208,15 @@ constexpr int kMergeMaxThreads = 1024, kMergeMaxWarps = kMergeMaxThreads / 32;
 // With p.out_q8 the output is also quantized: as Q8_0 (head_dim_v % 32 == 0 makes each warp's
 // 32 outputs one block) or as Q8_K (out_sum set: the block's 256 outputs are one block); with
 // p.out_round, rounded to f16 / bf16.
-// KP: head-dim elements a lane (hdv <= 32 KP); KB: splits a warp loads before folding them
-// (KB 1: one at a time, as ptxas schedules the unrolled loop).
-template <bool kWide, int KP = kPer, int KB = 1, bool kEven = false>
+// A warp loads KB splits (their m, l and columns) before it folds them, in the same order as
+// one at a time, so one L2 round trip serves KB splits: a `#pragma unroll 4` loop had ptxas
+// issue one split's loads a step (SASS, H200). 8B Q4_0 tg128 graph, H200, one call: depth 4096
+// (8-warp blocks) 2.390 / 2.390 -> 2.365 / 2.364 ms; depth 16384 (wide blocks, 128-key
+// splits) 3.546 -> 3.508. KP: head-dim elements a lane (hdv <= 32 KP), so the batch's
+// registers follow the head dim (KB 4 up to 128, 2 at 256: 4 spilled under the 64-register
+// bound of 1024-thread blocks).
+// kEven: behind even splits (plan_splits), whose splits are walked all and skipped if empty.
+template <bool kWide, int KP, bool kEven>
 __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_ml[kMergeMaxWarps][2];
   // [head of the block][warp][d]: heads x hdv <= 256 in the 8-warp blocks
@@ -226,8 +232,9 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
   {
     const int64_t h = blockIdx.x * int64_t{hpb} + hh;
     const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
-    // The splits that hold keys of this query: [s0, s1) (min: never past the grid). Every one
-    // of them was written (its chunk meets [first, end)), with a finite max.
+    // The splits that hold keys of this query: [s0, s1) (min: never past the grid), or the
+    // non-empty even splits. Every one of them was written (its keys meet [first, end)), with
+    // a finite max.
     const KeyRange kr = key_range(p, t);
     const int64_t s0 = kEven ? 0 : kr.first / chunk, s1 = kEven ? n_split : min(n_split, n_split_for(kr.end, chunk));
     const auto live = [&](int64_t s) {  // even splits may be empty (fewer tiles than splits)
@@ -237,26 +244,9 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
       }
       return true;
     };
+    constexpr int KB = KP <= 4 ? 4 : 2;
     float m = -INFINITY, l = 0.0f, a[KP] = {};
-    if constexpr (KB == 1) {
-#pragma unroll 4  // four splits' loads in flight per warp: the loop is L2-latency bound
-      for (int64_t s = s0 + w8; s < s1; s += wph) {
-        if (!live(s)) continue;
-        const float* ps = part + s * stride;
-        const float ms = ps[0], ls = ps[1];
-        float v[KP];
-#pragma unroll
-        for (int i = 0; i < KP; ++i) v[i] = lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
-        const float mn = fmaxf(m, ms);  // finite: ms is
-        const float c_old = expf(m - mn), c_new = expf(ms - mn);
-        l = l * c_old + ls * c_new;
-#pragma unroll
-        for (int i = 0; i < KP; ++i) a[i] = a[i] * c_old + v[i] * c_new;
-        m = mn;
-      }
-    } else {
-      // KB splits' loads issued together, then folded in the same order as above (the same
-      // bits): one L2 round trip for KB splits.
+    {
       for (int64_t s = s0 + w8; s < s1; s += KB * wph) {
         float ms[KB], ls[KB], v[KB][KP];
 #pragma unroll
@@ -270,7 +260,7 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
         }
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
-          if (ms[b] == -INFINITY) continue;  // past s1 or empty (a written split's max is finite)
+          if (ms[b] == -INFINITY) continue;  // past s1, or empty (a written split's max is finite)
           const float mn = fmaxf(m, ms[b]);
           const float c_old = expf(m - mn), c_new = expf(ms[b] - mn);
           l = l * c_old + ls[b] * c_new;
@@ -767,7 +757,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 // head: the tile's max, the running max, sum and correction in s_ml), and P.V (thread = 4
 // columns of V for its heads, accumulators kept across tiles; the KS form: for every head and
 // a set of the tile's keys, the sets meeting at the end). Prefill-sized batches and decode
-// against long contexts take `tiles` tiles per split (plan_splits). Writes the partials
+// against long contexts take `tiles` tiles per split, or (the KS form) a share of the token's
+// tiles (even_split; tiles is 0) (plan_splits). Writes the partials
 // (m, l, acc) that attn_merge_kernel combines, in f32 throughout (the host's arithmetic up to
 // summation order).
 constexpr int kDecThreads = 128, kDecMaxHeads = 8;
@@ -819,7 +810,9 @@ struct RowCopy {
 };
 
 // HB: the most heads a block holds (hb <= HB), the bound of the per-head loops, which run
-// predicated up to it: the KS kernel takes 4 where the group allows (Llama-3), else 8.
+// predicated up to it: the KS kernel takes 4 where the group allows (Llama-3), else 8. HB 4
+// took it from 72 to 60 registers and dropped 4 predicated-off heads a column from its scores:
+// 8B Q4_0 tg128 graph at depth 16384 (even splits, H200, one call) 3.528 / 3.529 -> 3.407 ms.
 template <int TK, bool KS, int HB = kDecMaxHeads>
 __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb, int tiles) {
   static_assert(TK == 16 || TK == 32 || TK == kAttnChunk, "tile keys");
@@ -832,7 +825,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   const KeyRange kr = key_range(p, t);
   int64_t s_lo = split * TK * tiles;
   int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_lo + TK * tiles);
-  if (KS && tiles == 0) {  // AB-TEMP even: the token's tiles shared out evenly over the n_split splits
+  if constexpr (KS) {  // even splits (plan_splits): tiles is 0
     const EvenSplit es = even_split(kr, TK, n_split, split);
     s_lo = es.lo;
     s_begin = max(es.lo, kr.first);
@@ -1162,8 +1155,7 @@ int decode_heads_per_block(int64_t group) {
 // The decode kernel for TK-key tiles, and its shared-memory opt-in slot (opt_in_smem).
 using DecodeKernel = void (*)(AttnParams, int64_t, int, int);
 DecodeKernel decode_kernel(int64_t tk, bool ks, int hb) {
-  static const bool hb8 = std::getenv("FRINK_AB_HB8") != nullptr;  // AB-TEMP
-  if (ks) return hb <= 4 && !hb8 ? attn_decode_kernel<32, true, 4> : attn_decode_kernel<32, true>;  // four-tile splits (plan_splits)
+  if (ks) return hb <= 4 ? attn_decode_kernel<32, true, 4> : attn_decode_kernel<32, true>;  // even splits (plan_splits)
   return tk == 16 ? attn_decode_kernel<16, false> : tk == 32 ? attn_decode_kernel<32, false> : attn_decode_kernel<kAttnChunk, false>;
 }
 int decode_smem_slot(int64_t tk, bool ks, int hb) { return ks ? (hb <= 4 ? 4 : 3) : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
@@ -1178,7 +1170,7 @@ struct SplitPlan {
   size_t dec_smem = 0;
   int64_t chunk = 0, resident = 0;  // resident: decode blocks the device holds at once (0: not asked)
   bool key_sets = false;            // the decode kernel's KS form (four-tile splits)
-  int64_t even_splits = 0;          // AB-TEMP even: chunk 0, the token's tiles over this many splits
+  int64_t even_splits = 0;          // the KS form's splits (chunk 0): each token's tiles over this many
 };
 SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   SplitPlan sp;
@@ -1199,8 +1191,6 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
     const int64_t most = dec_smem_floats(tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads, sp.key_sets) * sizeof(float);
     const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk, sp.key_sets, sp.hb));
     opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk, sp.key_sets, sp.hb), dl);
-    if (const char* e = std::getenv("FRINK_AB_KSPAD"); e && sp.key_sets)  // AB-TEMP: cap the KS kernel's residency
-      sp.dec_smem = std::max<size_t>(sp.dec_smem, std::strtoul(e, nullptr, 10));
     return resident_blocks(kernel, kDecThreads, sp.dec_smem);
   };
   if (p.n_tok >= kAttnPrefillMinTok) {
@@ -1214,27 +1204,28 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   }
   // Longer grids walk 32-key tiles: half the shared memory of one 64-key tile, so twice the
   // blocks resident (8B at depth 4096: 512 blocks against 396 a wave of 64-key tiles held).
-  // 64-key splits of two such tiles, or, where the two-tile rule holds, 128-key splits of four
-  // on the KS kernel (half the partials for the merge). tg128 @ d4096 graph (H200, one call):
-  // 64 x 1 2.921 ms, 32 x 1 2.826, 64 x 2 2.863, 16 x 1 3.250, 32 x 2 2.720. At depth 16384
-  // with key sets (tg64 graph, one call): 64 x 2 3.842 / 3.855 ms, 32 x 4 3.730 / 3.724; before
-  // them (tg128) 64 x 2 4.524 against 32 x 2 4.705 and 64 x 1 4.648.
+  // 64-key splits of two such tiles, or, where the two-tile rule holds, even splits on the KS
+  // kernel. tg128 @ d4096 graph (H200, one call): 64 x 1 2.921 ms, 32 x 1 2.826, 64 x 2 2.863,
+  // 16 x 1 3.250, 32 x 2 2.720. At depth 16384 with key sets (tg64 graph, one call): 64 x 2
+  // 3.842 / 3.855 ms, 32 x 4 3.730 / 3.724; before them (tg128) 64 x 2 4.524 against 32 x 2
+  // 4.705 and 64 x 1 4.648.
+  // Even splits: as many splits as fill one wave of the KS kernel's resident blocks, each
+  // token's 32-key tiles shared out evenly over them (even_split), so a block walks T / n or
+  // T / n + 1 tiles. Why: 128-key splits at depth 16.5k gave 1032 blocks for 792 resident (8B,
+  // H200): 1.3 waves, the second a third full. 8B Q4_0 tg128 graph at depth 16384 (H200, one
+  // call): 128-key splits 3.546 ms, even over one wave 3.407, over two waves 3.580.
   const bool four = decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident) == 2;
-  sp.chunk = four ? 2 * kAttnChunk : kAttnChunk;
   sp.key_sets = four;
   sp.resident = take(32);
-  static const int even = std::getenv("FRINK_AB_EVEN") ? std::atoi(std::getenv("FRINK_AB_EVEN")) : 1;  // AB-TEMP: 0 = 128-key splits
-  if (four && even > 0) {
-    sp.even_splits = std::clamp<int64_t>(even * sp.resident / (p.n_head / sp.hb * p.n_tok), 1, n_split_for(p.max_keys, 32));
-    sp.chunk = 0;
-  }
+  sp.chunk = four ? 0 : kAttnChunk;
+  if (four)
+    sp.even_splits = std::clamp<int64_t>(sp.resident / (p.n_head / sp.hb * p.n_tok), 1, n_split_for(p.max_keys, 32));
   return sp;
 }
 
-// Threads of a merge block: 8 warps a head, or in the wide blocks, behind a decode grid of
-// 128-key splits (the longest contexts), up to 1024: 32 warps a head at head dim 256, 16 at
-// 128. Why: a warp's
-// splits are a chain of L2 round trips (SASS: ptxas issues one split's loads per step under
+// Threads of a merge block: 8 warps a head, or in the wide blocks, behind even splits (the
+// longest contexts), up to 1024: 32 warps a head at head dim 256, 16 at 128. Why: a warp's
+// splits were a chain of L2 round trips (SASS: ptxas issued one split's loads per step under
 // the 64-register bound), and 8 warps over 129 splits a head took 17 us a layer (ncu, H200,
 // 8B at depth 16384) with 32 blocks on the GPU. Measured with 32 warps a head (8B Q4_0 tg64
 // graph, H200, one call, two rounds): at depth 16384 4.21 -> 4.12-4.13 ms (3.94 -> 3.84-3.86
@@ -1242,7 +1233,6 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
 // The wide blocks' warps a head depend on the head dim alone (at most 256 / hdv heads share a
 // block, for Q8_K output), so a head's splits fold in the same order whatever the output's
 // format: the f32 output is the same bits with and without its Q8 blocks.
-bool merge_wide(int64_t n_tok, int64_t chunk) { return n_tok < kAttnPrefillMinTok && chunk > kAttnChunk; }
 int merge_threads(bool wide, int64_t hdv, int hpb) {
   if (!wide) return kMergeThreads * hpb;
   const int64_t wph = std::clamp<int64_t>(kMergeMaxWarps * hdv / 256, kMergeThreads / 32, kMergeMaxWarps);
@@ -1295,7 +1285,7 @@ void launch_attention(const AttnParams& p) {
     launch_dependent(decode_kernel(sp.tk, sp.key_sets, sp.hb),
                      dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                           static_cast<unsigned>(p.n_tok)),
-                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));  // even: tiles 0
+                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));  // even splits: 0
   } else {
     attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
                                static_cast<unsigned>(p.n_tok)),
@@ -1303,18 +1293,14 @@ void launch_attention(const AttnParams& p) {
   }
   FRINK_CUDA_CHECK_LAUNCH();
   const int hpb = p.out_sum ? static_cast<int>(256 / p.head_dim_v) : 1;  // heads a merge block
-  const bool wide = merge_wide(p.n_tok, chunk) || sp.even_splits;
-  const bool ev = sp.even_splits > 0;
-  static const bool mb = std::getenv("FRINK_AB_MB") != nullptr;  // AB-TEMP: batched merge loads
-  using MergeKernel = void (*)(AttnParams, int64_t, int64_t);
+  const bool even = sp.even_splits > 0;
   const int kp = p.head_dim_v <= 64 ? 2 : p.head_dim_v <= 128 ? 4 : 8;
-  const MergeKernel merge = ev ? (kp == 2 ? attn_merge_kernel<true, 2, 4, true> : kp == 4 ? attn_merge_kernel<true, 4, 4, true> : attn_merge_kernel<true, 8, 2, true>)
-                            : !mb ? (wide ? attn_merge_kernel<true> : attn_merge_kernel<false>)
-                            : wide ? (kp == 2 ? attn_merge_kernel<true, 2, 4> : kp == 4 ? attn_merge_kernel<true, 4, 4> : attn_merge_kernel<true, 8, 2>)
-                                   : (kp == 2 ? attn_merge_kernel<false, 2, 4> : kp == 4 ? attn_merge_kernel<false, 4, 4> : attn_merge_kernel<false, 8, 2>);
+  using MergeKernel = void (*)(AttnParams, int64_t, int64_t);
+  const MergeKernel merge = even ? (kp == 2 ? attn_merge_kernel<true, 2, true> : kp == 4 ? attn_merge_kernel<true, 4, true> : attn_merge_kernel<true, 8, true>)
+                                 : (kp == 2 ? attn_merge_kernel<false, 2, false> : kp == 4 ? attn_merge_kernel<false, 4, false> : attn_merge_kernel<false, 8, false>);
   launch_dependent(merge,
                    dim3(static_cast<unsigned>(p.n_head / hpb), static_cast<unsigned>(p.n_tok)),
-                   static_cast<unsigned>(merge_threads(wide, p.head_dim_v, hpb)), 0, p.stream, p, n_split, chunk);
+                   static_cast<unsigned>(merge_threads(even, p.head_dim_v, hpb)), 0, p.stream, p, n_split, chunk);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
