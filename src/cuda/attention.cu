@@ -77,13 +77,13 @@ int64_t decode_tile_keys(int64_t max_keys) {
   return kAttnChunk;
 }
 
-// 64-key tiles per decode split: 2 when even the shortest context a grid for max_keys serves
-// (a token graph's bound is the next power of two of the length: at least max_keys / 2 keys)
-// gives 4 waves of one-tile blocks (blocks_per_split per split, `resident` blocks at once).
-// Why: at 16.5k keys (8B, 8 KV heads) the merge, one block per head over 258 partials, took
-// 30 us of a layer's 110 us of attention (ncu, H200); 128-key splits halve its partials, and
-// the token's graph went 5.48 -> 5.03 ms. Shorter contexts keep 64-key splits, walked as two
-// 32-key tiles (plan_splits).
+// The two-tile rule: 2 when even the shortest context a grid for max_keys serves (a token
+// graph's bound is the next power of two of the length: at least max_keys / 2 keys) gives 4
+// waves of one-tile blocks (blocks_per_split per split, `resident` blocks at once); such grids
+// then take even splits of 32-key tiles (plan_splits). Why: at 16.5k keys (8B, 8 KV heads)
+// the merge, one block per head over 258 partials, took 30 us of a layer's 110 us of
+// attention (ncu, H200); 128-key splits halved its partials, and the token's graph went 5.48
+// -> 5.03 ms. Shorter contexts keep 64-key splits, walked as two 32-key tiles.
 int decode_split_tiles(int64_t max_keys, int64_t blocks_per_split, int64_t resident) {
   return resident > 0 && max_keys / 2 / kAttnChunk * blocks_per_split >= 4 * resident ? 2 : 1;
 }
@@ -96,6 +96,17 @@ struct KeyRange {
 __device__ __forceinline__ KeyRange key_range(const AttnParams& p, int64_t t) {
   const int64_t pos = *p.pos + t;
   return {pos, p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : int64_t{0}, pos + 1};
+}
+
+// Split s of n even splits (plan_splits): the tiles of tk keys that hold kr's keys, T of them
+// from tile f, shared out as tiles [f + s T / n, f + (s + 1) T / n), returned as keys [lo, hi)
+// (empty, lo == hi, where T < n). Decode kernel and merge both derive a split's keys from it.
+struct EvenSplit {
+  int64_t lo, hi;
+};
+__device__ __forceinline__ EvenSplit even_split(const KeyRange& kr, int64_t tk, int64_t n, int64_t s) {
+  const int64_t f = kr.first / tk, n_t = (kr.end + tk - 1) / tk - f;
+  return {(f + s * n_t / n) * tk, (f + (s + 1) * n_t / n) * tk};
 }
 
 // Q.K of key j for head h's query at pos -> its logit: scale, softcap, then the ALiBi bias
@@ -197,7 +208,15 @@ constexpr int kMergeMaxThreads = 1024, kMergeMaxWarps = kMergeMaxThreads / 32;
 // With p.out_q8 the output is also quantized: as Q8_0 (head_dim_v % 32 == 0 makes each warp's
 // 32 outputs one block) or as Q8_K (out_sum set: the block's 256 outputs are one block); with
 // p.out_round, rounded to f16 / bf16.
-template <bool kWide>
+// A warp loads KB splits (their m, l and columns) before it folds them, in the same order as
+// one at a time, so one L2 round trip serves KB splits: a `#pragma unroll 4` loop had ptxas
+// issue one split's loads a step (SASS, H200). 8B Q4_0 tg128 graph, H200, one call: depth 4096
+// (8-warp blocks) 2.390 / 2.390 -> 2.365 / 2.364 ms; depth 16384 (wide blocks, 128-key
+// splits) 3.546 -> 3.508. KP: head-dim elements a lane (hdv <= 32 KP), so the batch's
+// registers follow the head dim (KB 4 up to 128, 2 at 256: 4 spilled under the 64-register
+// bound of 1024-thread blocks).
+// kEven: behind even splits (plan_splits), whose splits are walked all and skipped if empty.
+template <bool kWide, int KP, bool kEven>
 __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_ml[kMergeMaxWarps][2];
   // [head of the block][warp][d]: heads x hdv <= 256 in the 8-warp blocks
@@ -213,31 +232,50 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
   {
     const int64_t h = blockIdx.x * int64_t{hpb} + hh;
     const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
-    // The splits that hold keys of this query: [s0, s1) (min: never past the grid). Every one
-    // of them was written (its chunk meets [first, end)), with a finite max.
+    // The splits that hold keys of this query: [s0, s1) (min: never past the grid), or the
+    // non-empty even splits. Every one of them was written (its keys meet [first, end)), with
+    // a finite max.
     const KeyRange kr = key_range(p, t);
-    const int64_t s0 = kr.first / chunk, s1 = min(n_split, n_split_for(kr.end, chunk));
-    float m = -INFINITY, l = 0.0f, a[kPer] = {};
-#pragma unroll 4  // four splits' loads in flight per warp: the loop is L2-latency bound
-    for (int64_t s = s0 + w8; s < s1; s += wph) {
-      const float* ps = part + s * stride;
-      const float ms = ps[0], ls = ps[1];
-      float v[kPer];
+    const int64_t s0 = kEven ? 0 : kr.first / chunk, s1 = kEven ? n_split : min(n_split, n_split_for(kr.end, chunk));
+    const auto live = [&](int64_t s) {  // even splits may be empty (fewer tiles than splits)
+      if constexpr (kEven) {
+        const EvenSplit es = even_split(kr, 32, n_split, s);
+        return es.lo < es.hi;
+      }
+      return true;
+    };
+    constexpr int KB = KP <= 4 ? 4 : 2;
+    float m = -INFINITY, l = 0.0f, a[KP] = {};
+    {
+      for (int64_t s = s0 + w8; s < s1; s += KB * wph) {
+        float ms[KB], ls[KB], v[KB][KP];
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
-      const float mn = fmaxf(m, ms);  // finite: ms is
-      const float c_old = expf(m - mn), c_new = expf(ms - mn);
-      l = l * c_old + ls * c_new;
+        for (int b = 0; b < KB; ++b) {
+          const bool in = s + b * wph < s1 && live(s + b * wph);
+          const float* ps = part + (s + b * wph) * stride;
+          ms[b] = in ? ps[0] : -INFINITY;
+          ls[b] = in ? ps[1] : 0.0f;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) a[i] = a[i] * c_old + v[i] * c_new;
-      m = mn;
+          for (int i = 0; i < KP; ++i) v[b][i] = in && lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < KB; ++b) {
+          if (ms[b] == -INFINITY) continue;  // past s1, or empty (a written split's max is finite)
+          const float mn = fmaxf(m, ms[b]);
+          const float c_old = expf(m - mn), c_new = expf(ms[b] - mn);
+          l = l * c_old + ls[b] * c_new;
+#pragma unroll
+          for (int i = 0; i < KP; ++i) a[i] = a[i] * c_old + v[b][i] * c_new;
+          m = mn;
+        }
+      }
     }
     if (lane == 0) {
       s_ml[warp][0] = m;
       s_ml[warp][1] = l;
     }
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
+    for (int i = 0; i < KP; ++i)
       if (lane + 32 * i < hdv) s_acc[warp * hdv + lane + 32 * i] = a[i];
   }
   __syncthreads();
@@ -719,7 +757,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 // head: the tile's max, the running max, sum and correction in s_ml), and P.V (thread = 4
 // columns of V for its heads, accumulators kept across tiles; the KS form: for every head and
 // a set of the tile's keys, the sets meeting at the end). Prefill-sized batches and decode
-// against long contexts take `tiles` tiles per split (plan_splits). Writes the partials
+// against long contexts take `tiles` tiles per split, or (the KS form) a share of the token's
+// tiles (even_split; tiles is 0) (plan_splits). Writes the partials
 // (m, l, acc) that attn_merge_kernel combines, in f32 throughout (the host's arithmetic up to
 // summation order).
 constexpr int kDecThreads = 128, kDecMaxHeads = 8;
@@ -770,7 +809,11 @@ struct RowCopy {
   }
 };
 
-template <int TK, bool KS>
+// HB: the most heads a block holds (hb <= HB), the bound of the per-head loops, which run
+// predicated up to it: the KS kernel takes 4 where the group allows (Llama-3), else 8. HB 4
+// took it from 72 to 60 registers and dropped 4 predicated-off heads a column from its scores:
+// 8B Q4_0 tg128 graph at depth 16384 (even splits, H200, one call) 3.528 / 3.529 -> 3.407 ms.
+template <int TK, bool KS, int HB = kDecMaxHeads>
 __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, int64_t n_split, int hb, int tiles) {
   static_assert(TK == 16 || TK == 32 || TK == kAttnChunk, "tile keys");
   constexpr int kStride = static_cast<int>(dec_score_stride(TK));
@@ -780,8 +823,14 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   const int64_t split = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * hb, t = blockIdx.z;
   const int64_t hk = h0 / (p.n_head / p.n_head_kv);  // hb divides the group: one KV head
   const KeyRange kr = key_range(p, t);
-  const int64_t s_lo = split * TK * tiles;
-  const int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_lo + TK * tiles);
+  int64_t s_lo = split * TK * tiles;
+  int64_t s_begin = max(s_lo, kr.first), s_end = min(kr.end, s_lo + TK * tiles);
+  if constexpr (KS) {  // even splits (plan_splits): tiles is 0
+    const EvenSplit es = even_split(kr, TK, n_split, split);
+    s_lo = es.lo;
+    s_begin = max(es.lo, kr.first);
+    s_end = min(kr.end, es.hi);
+  }
   if (s_begin >= s_end) return;  // block-uniform: a split outside this token's keys (the merge skips it)
   const int hdk = static_cast<int>(p.head_dim_k), hdv = static_cast<int>(p.head_dim_v);
   const int ks = hdk + 4, kc = hdk / 4, vc = hdv / 4;
@@ -822,7 +871,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   const int sets = KS ? kDecThreads / vc : min(hb, max(1, kDecThreads / vc));
   const bool pv_item = tid < vc * sets;
   const int pv_c = tid % vc, pv_set = tid / vc;
-  constexpr int kAcc = KS ? kDecMaxHeads : kDecHeadsPerThread;
+  constexpr int kAcc = KS ? HB : kDecHeadsPerThread;
   float4 acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -884,12 +933,12 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     } else {
       constexpr int kP = kDecThreads / TK;  // 4 or 8: within a warp
       const int j = tid / kP, part = tid % kP;
-      float dot[kDecMaxHeads] = {};
+      float dot[HB] = {};
       const float4* k4 = reinterpret_cast<const float4*>(sk + j * ks);
       for (int c = part; c < kc; c += kP) {
         const float4 kv = k4[c];
 #pragma unroll
-        for (int hh = 0; hh < kDecMaxHeads; ++hh) {
+        for (int hh = 0; hh < HB; ++hh) {
           if (hh < hb) {
             const float4 qv = reinterpret_cast<const float4*>(sq + hh * hdk)[c];
             dot[hh] += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
@@ -897,13 +946,13 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
         }
       }
 #pragma unroll
-      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+      for (int hh = 0; hh < HB; ++hh)
 #pragma unroll
         for (int o = kP / 2; o > 0; o >>= 1) dot[hh] += __shfl_xor_sync(0xffffffffu, dot[hh], o);
       const int64_t key = c0 + j;
       const bool in = key >= begin && key < end;
 #pragma unroll
-      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+      for (int hh = 0; hh < HB; ++hh)
         if (hh < hb && hh % kP == part) ss[hh * kStride + j] = in ? attn_logit(p, dot[hh], h0 + hh, kr.pos, key) : -INFINITY;
     }
     __syncthreads();
@@ -975,7 +1024,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
     float4* const red = reinterpret_cast<float4*>(smem);  // [key set][head][column]
     if (pv_item)
 #pragma unroll
-      for (int hh = 0; hh < kDecMaxHeads; ++hh)
+      for (int hh = 0; hh < HB; ++hh)
         if (hh < hb) red[(pv_set * hb + hh) * vc + pv_c] = acc[hh];
     __syncthreads();
     for (int i = tid; i < hb * vc; i += kDecThreads) {
@@ -1086,7 +1135,7 @@ DeviceLimits device_limits() {
 // because the call may wait for copies in flight (it enqueues nothing, so flash-attention
 // makes it even while a graph is captured).
 // Slots: the decode kernel's four forms (decode_smem_slot), then the two prefill ones.
-constexpr int kMma64Slot = 4, kMma128Slot = 5, kSmemSlots = 6;
+constexpr int kMma64Slot = 5, kMma128Slot = 6, kSmemSlots = 7;
 void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits& dl) {
   static std::atomic<bool> opted[kSmemSlots][kMaxDevices];
   if (bytes <= 48 * 1024) return;
@@ -1107,11 +1156,11 @@ int decode_heads_per_block(int64_t group) {
 
 // The decode kernel for TK-key tiles, and its shared-memory opt-in slot (opt_in_smem).
 using DecodeKernel = void (*)(AttnParams, int64_t, int, int);
-DecodeKernel decode_kernel(int64_t tk, bool ks) {
-  if (ks) return attn_decode_kernel<32, true>;  // the four-tile splits' kernel: plan_splits takes 32-key tiles
+DecodeKernel decode_kernel(int64_t tk, bool ks, int hb) {
+  if (ks) return hb <= 4 ? attn_decode_kernel<32, true, 4> : attn_decode_kernel<32, true>;  // even splits of 32-key tiles (plan_splits)
   return tk == 16 ? attn_decode_kernel<16, false> : tk == 32 ? attn_decode_kernel<32, false> : attn_decode_kernel<kAttnChunk, false>;
 }
-int decode_smem_slot(int64_t tk, bool ks) { return ks ? 3 : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
+int decode_smem_slot(int64_t tk, bool ks, int hb) { return ks ? (hb <= 4 ? 4 : 3) : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
 
 // How a split-K batch runs: the decode kernel (head dims % 4, 16-byte rows, its shared memory
 // for 64-key tiles fits) with hb query heads per block and tk-key tiles, or the per-head
@@ -1123,6 +1172,7 @@ struct SplitPlan {
   size_t dec_smem = 0;
   int64_t chunk = 0, resident = 0;  // resident: decode blocks the device holds at once (0: not asked)
   bool key_sets = false;            // the decode kernel's KS form (four-tile splits)
+  int64_t even_splits = 0;          // the KS form's splits (chunk 0): each token's tiles over this many
 };
 SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   SplitPlan sp;
@@ -1141,8 +1191,8 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
     sp.tk = tk;
     sp.dec_smem = smem_for(tk);
     const int64_t most = dec_smem_floats(tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads, sp.key_sets) * sizeof(float);
-    const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk, sp.key_sets));
-    opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk, sp.key_sets), dl);
+    const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk, sp.key_sets, sp.hb));
+    opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk, sp.key_sets, sp.hb), dl);
     return resident_blocks(kernel, kDecThreads, sp.dec_smem);
   };
   if (p.n_tok >= kAttnPrefillMinTok) {
@@ -1156,22 +1206,28 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   }
   // Longer grids walk 32-key tiles: half the shared memory of one 64-key tile, so twice the
   // blocks resident (8B at depth 4096: 512 blocks against 396 a wave of 64-key tiles held).
-  // 64-key splits of two such tiles, or, where the two-tile rule holds, 128-key splits of four
-  // on the KS kernel (half the partials for the merge). tg128 @ d4096 graph (H200, one call):
-  // 64 x 1 2.921 ms, 32 x 1 2.826, 64 x 2 2.863, 16 x 1 3.250, 32 x 2 2.720. At depth 16384
-  // with key sets (tg64 graph, one call): 64 x 2 3.842 / 3.855 ms, 32 x 4 3.730 / 3.724; before
-  // them (tg128) 64 x 2 4.524 against 32 x 2 4.705 and 64 x 1 4.648.
+  // 64-key splits of two such tiles, or, where the two-tile rule holds, even splits on the KS
+  // kernel. tg128 @ d4096 graph (H200, one call): 64 x 1 2.921 ms, 32 x 1 2.826, 64 x 2 2.863,
+  // 16 x 1 3.250, 32 x 2 2.720. At depth 16384 with key sets (tg64 graph, one call): 64 x 2
+  // 3.842 / 3.855 ms, 32 x 4 3.730 / 3.724; before them (tg128) 64 x 2 4.524 against 32 x 2
+  // 4.705 and 64 x 1 4.648.
+  // Even splits: as many splits as fill one wave of the KS kernel's resident blocks, each
+  // token's 32-key tiles shared out evenly over them (even_split), so a block walks T / n or
+  // T / n + 1 tiles. Why: 128-key splits at depth 16.5k gave 1032 blocks for 792 resident (8B,
+  // H200): 1.3 waves, the second a third full. 8B Q4_0 tg128 graph at depth 16384 (H200, one
+  // call): 128-key splits 3.546 ms, even over one wave 3.407, over two waves 3.580.
   const bool four = decode_split_tiles(p.max_keys, p.n_head / sp.hb * p.n_tok, sp.resident) == 2;
-  sp.chunk = four ? 2 * kAttnChunk : kAttnChunk;
   sp.key_sets = four;
   sp.resident = take(32);
+  sp.chunk = four ? 0 : kAttnChunk;
+  if (four)
+    sp.even_splits = std::clamp<int64_t>(sp.resident / (p.n_head / sp.hb * p.n_tok), 1, n_split_for(p.max_keys, 32));
   return sp;
 }
 
-// Threads of a merge block: 8 warps a head, or in the wide blocks, behind a decode grid of
-// 128-key splits (the longest contexts), up to 1024: 32 warps a head at head dim 256, 16 at
-// 128. Why: a warp's
-// splits are a chain of L2 round trips (SASS: ptxas issues one split's loads per step under
+// Threads of a merge block: 8 warps a head, or in the wide blocks, behind even splits (the
+// longest contexts), up to 1024: 32 warps a head at head dim 256, 16 at 128. Why: a warp's
+// splits were a chain of L2 round trips (SASS: ptxas issued one split's loads per step under
 // the 64-register bound), and 8 warps over 129 splits a head took 17 us a layer (ncu, H200,
 // 8B at depth 16384) with 32 blocks on the GPU. Measured with 32 warps a head (8B Q4_0 tg64
 // graph, H200, one call, two rounds): at depth 16384 4.21 -> 4.12-4.13 ms (3.94 -> 3.84-3.86
@@ -1179,7 +1235,6 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
 // The wide blocks' warps a head depend on the head dim alone (at most 256 / hdv heads share a
 // block, for Q8_K output), so a head's splits fold in the same order whatever the output's
 // format: the f32 output is the same bits with and without its Q8 blocks.
-bool merge_wide(int64_t n_tok, int64_t chunk) { return n_tok < kAttnPrefillMinTok && chunk > kAttnChunk; }
 int merge_threads(bool wide, int64_t hdv, int hpb) {
   if (!wide) return kMergeThreads * hpb;
   const int64_t wph = std::clamp<int64_t>(kMergeMaxWarps * hdv / 256, kMergeThreads / 32, kMergeMaxWarps);
@@ -1190,7 +1245,7 @@ int merge_threads(bool wide, int64_t hdv, int hpb) {
 
 AttnSplit attn_split(const AttnParams& p) {
   const SplitPlan sp = plan_splits(p, device_limits());
-  return {sp.tk, sp.chunk};
+  return {sp.tk, sp.chunk, sp.even_splits};
 }
 
 void launch_attention(const AttnParams& p) {
@@ -1227,12 +1282,12 @@ void launch_attention(const AttnParams& p) {
   const SplitPlan sp = plan_splits(p, dl);
   const int hb = sp.hb;
   const size_t dec_smem = sp.dec_smem;
-  const int64_t chunk = sp.chunk, n_split = n_split_for(p.max_keys, chunk);
+  const int64_t chunk = sp.chunk, n_split = sp.even_splits ? sp.even_splits : n_split_for(p.max_keys, chunk);
   if (sp.dec_kernel) {  // opted in to its shared memory by plan_splits
-    launch_dependent(decode_kernel(sp.tk, sp.key_sets),
+    launch_dependent(decode_kernel(sp.tk, sp.key_sets, sp.hb),
                      dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head / hb),
                           static_cast<unsigned>(p.n_tok)),
-                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));
+                     kDecThreads, dec_smem, p.stream, p, n_split, hb, static_cast<int>(chunk / sp.tk));  // even splits: 0
   } else {
     attn_partial_kernel<<<dim3(static_cast<unsigned>(n_split), static_cast<unsigned>(p.n_head),
                                static_cast<unsigned>(p.n_tok)),
@@ -1240,10 +1295,14 @@ void launch_attention(const AttnParams& p) {
   }
   FRINK_CUDA_CHECK_LAUNCH();
   const int hpb = p.out_sum ? static_cast<int>(256 / p.head_dim_v) : 1;  // heads a merge block
-  const bool wide = merge_wide(p.n_tok, chunk);
-  launch_dependent(wide ? attn_merge_kernel<true> : attn_merge_kernel<false>,
+  const bool even = sp.even_splits > 0;
+  const int kp = p.head_dim_v <= 64 ? 2 : p.head_dim_v <= 128 ? 4 : 8;
+  using MergeKernel = void (*)(AttnParams, int64_t, int64_t);
+  const MergeKernel merge = even ? (kp == 2 ? attn_merge_kernel<true, 2, true> : kp == 4 ? attn_merge_kernel<true, 4, true> : attn_merge_kernel<true, 8, true>)
+                                 : (kp == 2 ? attn_merge_kernel<false, 2, false> : kp == 4 ? attn_merge_kernel<false, 4, false> : attn_merge_kernel<false, 8, false>);
+  launch_dependent(merge,
                    dim3(static_cast<unsigned>(p.n_head / hpb), static_cast<unsigned>(p.n_tok)),
-                   static_cast<unsigned>(merge_threads(wide, p.head_dim_v, hpb)), 0, p.stream, p, n_split, chunk);
+                   static_cast<unsigned>(merge_threads(even, p.head_dim_v, hpb)), 0, p.stream, p, n_split, chunk);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

@@ -91,10 +91,11 @@ bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_
 size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v);
 // Keys per tile and per split that launch_attention gives a split-K batch with these
 // parameters on the current device: for decode batches one tile of 16 or 32 at short contexts
-// (grids of at most 32 such splits), two of 64 against long contexts, two of 32 between; 8 of
-// 64 for prefill-sized batches (head dims above 128).
+// (grids of at most 32 such splits), two of 32 between, and against the longest contexts
+// 32-key tiles in even_splits splits (split_keys 0: each token's tiles shared out evenly over
+// them); 8 of 64 for prefill-sized batches (head dims above 128).
 struct AttnSplit {
-  int64_t tile_keys, split_keys;
+  int64_t tile_keys, split_keys, even_splits;
 };
 AttnSplit attn_split(const AttnParams& p);
 void launch_attention(const AttnParams& p);

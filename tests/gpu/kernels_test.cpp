@@ -632,8 +632,8 @@ TEST(CudaKernels, AttentionMergeWritesRoundedOutput) {
 // Q4_K weights) writes from the merge's f32 output; that output is the same with and without
 // them; and a wo product that takes the blocks (x_prepared) equals one that quantizes. Decode
 // and 3-token batches, head dims 64, 128 and 256 (Q8_K: 4, 2 and 1 heads a merge block),
-// groups of 1 to 8, 1 to 16 live splits in grids of up to 64, 24 to 71 live 128-key splits
-// in grids of 512 (the merge's wide blocks), sinks, and a KV head whose V
+// groups of 1 to 8, 1 to 16 live splits in grids of up to 64, even splits behind grids of
+// 65536 keys (the merge's wide blocks), sinks, and a KV head whose V
 // rows are zero (all-zero Q8_0 blocks: scale 0, quants 0). A prefill batch (tiled kernels) or
 // a head dim the blocks would straddle fails before launching.
 TEST(CudaKernels, AttentionMergeWritesQ8BlocksOfItsOutput) {
@@ -650,7 +650,7 @@ TEST(CudaKernels, AttentionMergeWritesQ8BlocksOfItsOutput) {
       {3, 1000, 16, 4, 64, 2048, true},   // 16 splits, sinks
       {1, 130, 4, 4, 128, 0, false},      // group 1, 3 splits
       {1, 200, 4, 2, 256, 0, true},       // one head a Q8_K block, sinks
-      // 128-key splits (grids of 65536 keys): the merge's wide blocks, 1024 threads
+      // even splits (grids of 65536 keys): the merge's wide blocks, up to 1024 threads
       {1, 5000, 32, 8, 128, 65536, false},  // Q8_K: 2 heads a block, 16 warps each
       {1, 3000, 32, 8, 64, 65536, true},    // Q8_K: 4 heads a block, 8 warps each; sinks
       {1, 9000, 4, 2, 256, 65536, false},   // Q8_K: 1 head a block, 32 warps
