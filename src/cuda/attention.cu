@@ -1220,8 +1220,8 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   sp.key_sets = four;
   sp.resident = take(32);
   sp.chunk = four ? 0 : kAttnChunk;
-  if (four)
-    sp.even_splits = std::clamp<int64_t>(sp.resident / (p.n_head / sp.hb * p.n_tok), 1, n_split_for(p.max_keys, 32));
+  if (four)  // at most the splits attn_partial_floats makes room for (kAttnChunk keys each)
+    sp.even_splits = std::clamp<int64_t>(sp.resident / (p.n_head / sp.hb * p.n_tok), 1, n_split_for(p.max_keys, kAttnChunk));
   return sp;
 }
 
