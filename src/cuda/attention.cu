@@ -98,6 +98,9 @@ __device__ __forceinline__ KeyRange key_range(const AttnParams& p, int64_t t) {
   return {pos, p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : int64_t{0}, pos + 1};
 }
 
+// Keys per tile of the decode kernel's KS form, which walks even splits (plan_splits).
+constexpr int kKsTileKeys = 32;
+
 // Split s of n even splits (plan_splits): the tiles of tk keys that hold kr's keys, T of them
 // from tile f, shared out as tiles [f + s T / n, f + (s + 1) T / n), returned as keys [lo, hi)
 // (empty, lo == hi, where T < n). Decode kernel and merge both derive a split's keys from it.
@@ -239,35 +242,33 @@ __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams
     const int64_t s0 = kEven ? 0 : kr.first / chunk, s1 = kEven ? n_split : min(n_split, n_split_for(kr.end, chunk));
     const auto live = [&](int64_t s) {  // even splits may be empty (fewer tiles than splits)
       if constexpr (kEven) {
-        const EvenSplit es = even_split(kr, 32, n_split, s);
+        const EvenSplit es = even_split(kr, kKsTileKeys, n_split, s);
         return es.lo < es.hi;
       }
       return true;
     };
     constexpr int KB = KP <= 4 ? 4 : 2;
     float m = -INFINITY, l = 0.0f, a[KP] = {};
-    {
-      for (int64_t s = s0 + w8; s < s1; s += KB * wph) {
-        float ms[KB], ls[KB], v[KB][KP];
+    for (int64_t s = s0 + w8; s < s1; s += KB * wph) {
+      float ms[KB], ls[KB], v[KB][KP];
 #pragma unroll
-        for (int b = 0; b < KB; ++b) {
-          const bool in = s + b * wph < s1 && live(s + b * wph);
-          const float* ps = part + (s + b * wph) * stride;
-          ms[b] = in ? ps[0] : -INFINITY;
-          ls[b] = in ? ps[1] : 0.0f;
+      for (int b = 0; b < KB; ++b) {
+        const bool in = s + b * wph < s1 && live(s + b * wph);
+        const float* ps = part + (s + b * wph) * stride;
+        ms[b] = in ? ps[0] : -INFINITY;
+        ls[b] = in ? ps[1] : 0.0f;
 #pragma unroll
-          for (int i = 0; i < KP; ++i) v[b][i] = in && lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
-        }
+        for (int i = 0; i < KP; ++i) v[b][i] = in && lane + 32 * i < hdv ? ps[2 + lane + 32 * i] : 0.0f;
+      }
 #pragma unroll
-        for (int b = 0; b < KB; ++b) {
-          if (ms[b] == -INFINITY) continue;  // past s1, or empty (a written split's max is finite)
-          const float mn = fmaxf(m, ms[b]);
-          const float c_old = expf(m - mn), c_new = expf(ms[b] - mn);
-          l = l * c_old + ls[b] * c_new;
+      for (int b = 0; b < KB; ++b) {
+        if (ms[b] == -INFINITY) continue;  // past s1, or empty (a written split's max is finite)
+        const float mn = fmaxf(m, ms[b]);
+        const float c_old = expf(m - mn), c_new = expf(ms[b] - mn);
+        l = l * c_old + ls[b] * c_new;
 #pragma unroll
-          for (int i = 0; i < KP; ++i) a[i] = a[i] * c_old + v[b][i] * c_new;
-          m = mn;
-        }
+        for (int i = 0; i < KP; ++i) a[i] = a[i] * c_old + v[b][i] * c_new;
+        m = mn;
       }
     }
     if (lane == 0) {
@@ -1134,7 +1135,7 @@ DeviceLimits device_limits() {
 // Above 48 KiB of dynamic shared memory a kernel must opt in: once per (kernel slot, device),
 // because the call may wait for copies in flight (it enqueues nothing, so flash-attention
 // makes it even while a graph is captured).
-// Slots: the decode kernel's four forms (decode_smem_slot), then the two prefill ones.
+// Slots: the decode kernel's five forms (decode_smem_slot), then the two prefill ones.
 constexpr int kMma64Slot = 5, kMma128Slot = 6, kSmemSlots = 7;
 void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits& dl) {
   static std::atomic<bool> opted[kSmemSlots][kMaxDevices];
@@ -1157,7 +1158,7 @@ int decode_heads_per_block(int64_t group) {
 // The decode kernel for TK-key tiles, and its shared-memory opt-in slot (opt_in_smem).
 using DecodeKernel = void (*)(AttnParams, int64_t, int, int);
 DecodeKernel decode_kernel(int64_t tk, bool ks, int hb) {
-  if (ks) return hb <= 4 ? attn_decode_kernel<32, true, 4> : attn_decode_kernel<32, true>;  // even splits of 32-key tiles (plan_splits)
+  if (ks) return hb <= 4 ? attn_decode_kernel<kKsTileKeys, true, 4> : attn_decode_kernel<kKsTileKeys, true>;  // even splits (plan_splits)
   return tk == 16 ? attn_decode_kernel<16, false> : tk == 32 ? attn_decode_kernel<32, false> : attn_decode_kernel<kAttnChunk, false>;
 }
 int decode_smem_slot(int64_t tk, bool ks, int hb) { return ks ? (hb <= 4 ? 4 : 3) : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
@@ -1171,7 +1172,7 @@ struct SplitPlan {
   int64_t tk = kAttnChunk;
   size_t dec_smem = 0;
   int64_t chunk = 0, resident = 0;  // resident: decode blocks the device holds at once (0: not asked)
-  bool key_sets = false;            // the decode kernel's KS form (four-tile splits)
+  bool key_sets = false;            // the decode kernel's KS form (even splits)
   int64_t even_splits = 0;          // the KS form's splits (chunk 0): each token's tiles over this many
 };
 SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
