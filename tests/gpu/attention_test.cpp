@@ -172,6 +172,10 @@ TEST(CudaAttention, LongContextEvenSplitsMatchReference) {
     ASSERT_EQ(sp.tile_keys, 32) << describe(c);
     ASSERT_EQ(sp.split_keys, 0) << describe(c);
     ASSERT_GT(sp.even_splits, 0) << describe(c);
+    // Every split's partial fits the scratch the engine sizes for this grid.
+    ASSERT_LE(static_cast<size_t>(sp.even_splits * c.n_tok * c.n_head * (2 + c.hd)),
+              cuda::attn_partial_floats(c.n_tok, c.max_keys, c.n_head, c.hd))
+        << describe(c);
     const double e = run_case(rng, c);
     std::printf("decode  %s: nmse %.3g (even splits)\n", describe(c).c_str(), e);
     EXPECT_LT(e, 1e-9) << describe(c);
