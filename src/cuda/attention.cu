@@ -218,17 +218,18 @@ constexpr int kMergeMaxThreads = 1024, kMergeMaxWarps = kMergeMaxThreads / 32;
 // splits) 3.546 -> 3.508. KP: head-dim elements a lane (hdv <= 32 KP), so the batch's
 // registers follow the head dim (KB 4 up to 128, 2 at 256: 4 spilled under the 64-register
 // bound of 1024-thread blocks).
-// kEven: behind even splits (plan_splits), whose splits are walked all and skipped if empty.
-template <bool kWide, int KP, bool kEven>
+// kEven: behind even splits (plan_splits), on the wide blocks (merge_threads); their splits
+// are walked all and skipped if empty.
+template <int KP, bool kEven>
 __global__ void __launch_bounds__(kMergeMaxThreads) attn_merge_kernel(AttnParams p, int64_t n_split, int64_t chunk) {
   __shared__ float s_ml[kMergeMaxWarps][2];
   // [head of the block][warp][d]: heads x hdv <= 256 in the 8-warp blocks
-  __shared__ float s_acc[(kWide ? kMergeMaxWarps : kMergeThreads / 32) * kAttnMaxHeadDim];
+  __shared__ float s_acc[(kEven ? kMergeMaxWarps : kMergeThreads / 32) * kAttnMaxHeadDim];
   __shared__ Q8KShared s_q8k;
   dependent_kernel_start();  // the wo product may start its weight copies (pdl.cuh)
   // Heads a block, warps a head (merge_threads).
-  const int hpb = kWide ? static_cast<int>(p.n_head / gridDim.x) : static_cast<int>(blockDim.x) / kMergeThreads;
-  const int wph = kWide ? static_cast<int>(blockDim.x) / 32 / hpb : kMergeThreads / 32;
+  const int hpb = kEven ? static_cast<int>(p.n_head / gridDim.x) : static_cast<int>(blockDim.x) / kMergeThreads;
+  const int wph = kEven ? static_cast<int>(blockDim.x) / 32 / hpb : kMergeThreads / 32;
   const int hdv = static_cast<int>(p.head_dim_v), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hh = warp / wph, w8 = warp % wph;
   const int64_t t = blockIdx.y, stride = 2 + p.head_dim_v;
@@ -866,8 +867,8 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(AttnParams p, 
   // KS (key sets): item tid -> column c and key set tid / vc (keys j = set mod sets) for every
   // head, so each V float4 is read from shared memory once, not once per head set; the key
   // sets' sums meet in shared memory after the last tile. 8B Q4_0 tg64 graph at depth 16384
-  // (then 64-key tiles) 4.211 -> 3.937 ms (H200, one call); the four-tile splits of long
-  // contexts take it. On the shorter plans it measured slower (depth 4096: 2.49 against 2.40
+  // (then 64-key tiles) 4.211 -> 3.937 ms (H200, one call); the even splits of long contexts
+  // take it. On the shorter plans it measured slower (depth 4096: 2.49 against 2.40
   // ms, one call), so they keep head sets and the divided copies, as measured before.
   const int sets = KS ? kDecThreads / vc : min(hb, max(1, kDecThreads / vc));
   const bool pv_item = tid < vc * sets;
@@ -1242,6 +1243,12 @@ int merge_threads(bool wide, int64_t hdv, int hpb) {
   return static_cast<int>(wph * 32 * hpb);
 }
 
+// The merge kernel for head dim hdv: head-dim elements a lane KP = 2, 4 or 8 (hdv <= 32 KP).
+template <bool kEven>
+auto merge_kernel(int64_t hdv) {
+  return hdv <= 64 ? attn_merge_kernel<2, kEven> : hdv <= 128 ? attn_merge_kernel<4, kEven> : attn_merge_kernel<8, kEven>;
+}
+
 }  // namespace
 
 AttnSplit attn_split(const AttnParams& p) {
@@ -1297,11 +1304,7 @@ void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK_LAUNCH();
   const int hpb = p.out_sum ? static_cast<int>(256 / p.head_dim_v) : 1;  // heads a merge block
   const bool even = sp.even_splits > 0;
-  const int kp = p.head_dim_v <= 64 ? 2 : p.head_dim_v <= 128 ? 4 : 8;
-  using MergeKernel = void (*)(AttnParams, int64_t, int64_t);
-  const MergeKernel merge = even ? (kp == 2 ? attn_merge_kernel<true, 2, true> : kp == 4 ? attn_merge_kernel<true, 4, true> : attn_merge_kernel<true, 8, true>)
-                                 : (kp == 2 ? attn_merge_kernel<false, 2, false> : kp == 4 ? attn_merge_kernel<false, 4, false> : attn_merge_kernel<false, 8, false>);
-  launch_dependent(merge,
+  launch_dependent(even ? merge_kernel<true>(p.head_dim_v) : merge_kernel<false>(p.head_dim_v),
                    dim3(static_cast<unsigned>(p.n_head / hpb), static_cast<unsigned>(p.n_tok)),
                    static_cast<unsigned>(merge_threads(even, p.head_dim_v, hpb)), 0, p.stream, p, n_split, chunk);
   FRINK_CUDA_CHECK_LAUNCH();
