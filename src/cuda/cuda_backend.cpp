@@ -27,6 +27,7 @@
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <bit>
@@ -597,8 +598,7 @@ void CudaBackend::flush() {
   // A layer copied early waits for its own copy; the others for the stream (synced once, below).
   const auto land = [&](const Pending& pd) {
     if (pd.event >= 0) FRINK_CUDA_CHECK(cudaEventSynchronize(copy_events_[static_cast<size_t>(pd.event)].landed));
-    const int64_t kw = pd.cache->k_width(), vw = pd.cache->v_width();
-    for (int64_t t = 0; t < n_tok_; ++t) pd.cache->append(staging_.f() + pd.k_off + t * kw, staging_.f() + pd.v_off + t * vw);
+    pd.cache->append_rows(staging_.f() + pd.k_off, staging_.f() + pd.v_off, n_tok_);
   };
   try {
     // A token step's rows (copy_back_in_graph) land on this thread, layer by layer as the
@@ -606,14 +606,18 @@ void CudaBackend::flush() {
     // would each spin on an event for the whole step.
     const bool all_early = std::all_of(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; });
     if (all_early && pending_.size() > 1 && n_tok_ > 1) {
+      // The layers land in order, and each thread takes the next one not yet taken, so the
+      // appends follow the copies. (Contiguous chunks left the last thread four of the 8B's 32
+      // layers to append after the last copy.)
+      std::atomic<size_t> next{0};
       std::vector<std::exception_ptr> errors(pending_.size());
-      append_pool_.parallel_for(static_cast<int64_t>(pending_.size()), [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) {
+      append_pool_.parallel_for(append_pool_.n_threads(), [&](int64_t, int64_t, int) {
+        for (size_t i; (i = next.fetch_add(1)) < pending_.size();) {
           try {
-            land(pending_[static_cast<size_t>(i)]);
+            land(pending_[i]);
           } catch (...) {
-            errors[static_cast<size_t>(i)] = std::current_exception();
-            return;  // the layers after it in this chunk stay unappended; the catch below truncates all
+            errors[i] = std::current_exception();
+            return;  // this thread stops; the catch below truncates every layer
           }
         }
       });

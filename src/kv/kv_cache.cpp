@@ -15,17 +15,19 @@ KvCache::KvCache(int64_t k_width, int64_t v_width, int64_t planned_capacity)
   }
 }
 
-void KvCache::append(const float* k_row, const float* v_row) {
-  if (planned_capacity_ > 0 && rows_ >= planned_capacity_)
+void KvCache::append_rows(const float* k_rows, const float* v_rows, int64_t n) {
+  FRINK_ASSERT(n >= 0);
+  if (planned_capacity_ > 0 && rows_ + n > planned_capacity_)
     fail("the context is full ({} tokens); start a new conversation or raise -c", planned_capacity_);
-  const auto put = [this](std::vector<float>& dst, const float* row, int64_t width) {
-    const size_t at = static_cast<size_t>(rows_ * width);
-    if (dst.size() < at + static_cast<size_t>(width)) dst.resize(at + static_cast<size_t>(width));
-    std::copy(row, row + width, dst.begin() + static_cast<std::ptrdiff_t>(at));
+  // One resize and one copy for a prompt batch's rows: a device batch lands them all at once.
+  const auto put = [this, n](std::vector<float>& dst, const float* rows, int64_t width) {
+    const size_t at = static_cast<size_t>(rows_ * width), len = static_cast<size_t>(n * width);
+    if (dst.size() < at + len) dst.resize(at + len);
+    std::copy(rows, rows + len, dst.begin() + static_cast<std::ptrdiff_t>(at));
   };
-  put(k_, k_row, k_width_);
-  if (v_width_ > 0) put(v_, v_row, v_width_);
-  ++rows_;
+  put(k_, k_rows, k_width_);
+  if (v_width_ > 0) put(v_, v_rows, v_width_);
+  rows_ += n;
 }
 
 void KvCache::ready_rows(int64_t n) {

@@ -33,10 +33,11 @@ class KvCache {
   int64_t planned_capacity() const { return planned_capacity_; }
   uint64_t epoch() const { return epoch_; }
 
-  // Appends one token's K and V rows (v_row may be null when v_width is 0). Throws
-  // frink::Error when the planned capacity is full
-  // (the context is exhausted), leaving the cache unchanged.
-  void append(const float* k_row, const float* v_row);
+  // Appends n tokens' K and V rows: n rows of k_width, then (v_rows null when v_width is 0) n
+  // of v_width. Throws frink::Error when they do not fit the planned capacity (the context is
+  // exhausted), leaving the cache unchanged.
+  void append_rows(const float* k_rows, const float* v_rows, int64_t n);
+  void append(const float* k_row, const float* v_row) { append_rows(k_row, v_row, 1); }
   // Keeps the first n rows (n <= rows()).
   void truncate(int64_t n);
   // Makes the storage of the next n rows (up to the planned capacity) resident now, so their

@@ -62,6 +62,26 @@ TEST(KvCache, ReadyRowsStopsAtThePlannedCapacity) {
   expect_rows(c, 3);
 }
 
+// A batch's rows in one call (the device backend lands a prompt batch so): they read back as
+// rows appended one by one would, and a batch that overflows the planned capacity leaves the
+// cache as it was, not part-filled.
+TEST(KvCache, BatchOfRowsAppendsWholeOrNotAtAll) {
+  KvCache c(6, 2, 10);
+  append_rows(c, 0, 3);
+  std::vector<float> k, v;
+  for (int64_t r = 3; r < 8; ++r) {
+    const auto kr = row_of(r, 6, 0.0f), vr = row_of(r, 2, 0.5f);
+    k.insert(k.end(), kr.begin(), kr.end());
+    v.insert(v.end(), vr.begin(), vr.end());
+  }
+  c.append_rows(k.data(), v.data(), 5);
+  expect_rows(c, 8);
+  EXPECT_THROW(c.append_rows(k.data(), v.data(), 3), Error);  // 11 rows of 10
+  expect_rows(c, 8);
+  c.append_rows(k.data(), v.data(), 0);
+  expect_rows(c, 8);
+}
+
 TEST(KvCache, SharedRowsWithoutV) {
   KvCache c(16, 0, 0);
   c.ready_rows(5);
