@@ -106,17 +106,18 @@ struct GluNormSource {
   __device__ void keep(int64_t t, int64_t e, float v) const { g.out[t * g.n + e] = v; }
 };
 
-// f16/bf16 rounding (round16_rule.cuh) of src's [n_tok][n_in] values: one thread per element,
-// 256 a block (GluNormSource: a block holds 256 elements of one token).
-template <typename Src>
-__global__ void act_round_elem_kernel(Src src, int64_t n_in, int64_t n_tok, bool bf16, float* out) {
+// f16/bf16 rounding (round16_rule.cuh, stored as O) of src's [n_tok][n_in] values: one thread
+// per element, 256 a block, over row_grid (GluNormSource: a block holds 256 elements of one
+// token).
+template <typename Src, typename O>
+__global__ void act_round_elem_kernel(Src src, int64_t n_in, int64_t n_tok, bool bf16, O* out) {
   dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_in * n_tok; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t t = i / n_in, e = i % n_in;
-    const float v = src(t, e);
-    src.keep(t, e, v);
-    out[i] = round16(v, bf16);
-  }
+  for (int64_t t = blockIdx.y; t < n_tok; t += gridDim.y)
+    for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n_in; e += int64_t{gridDim.x} * blockDim.x) {
+      const float v = src(t, e);
+      src.keep(t, e, v);
+      out[t * n_in + e] = store16<O>(v, bf16);
+    }
 }
 
 template <typename Src>
@@ -233,20 +234,30 @@ __device__ __forceinline__ void norm_q8k_row(const NormParams& p, const Q8KAct& 
   }
 }
 
+// Four consecutive values stored as O (store16) in one store: 16 bytes of f32, 8 of 16 bits.
+template <typename O>
+struct alignas(4 * sizeof(O)) Four {
+  O v[4];
+};
+
 // The norm's row and its output rounded as act_round_elem_kernel would, into out [n_rows][n].
-__device__ __forceinline__ void norm_round_row(const NormParams& p, bool bf16, float* out, int64_t row) {
+template <typename O>
+__device__ __forceinline__ void norm_round_row(const NormParams& p, bool bf16, O* out, int64_t row) {
   float4 o[kNormVecPer];
   const int64_t n4 = p.n / 4;
   norm_vec_row(p, o, row);
-  float4* y = reinterpret_cast<float4*>(out + row * p.n);
+  Four<O>* y = reinterpret_cast<Four<O>*>(out + row * p.n);
 #pragma unroll
   for (int k = 0; k < kNormVecPer; ++k) {
     const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
-    if (i < n4) y[i] = make_float4(round16(o[k].x, bf16), round16(o[k].y, bf16), round16(o[k].z, bf16), round16(o[k].w, bf16));
+    if (i < n4)
+      y[i] = Four<O>{{store16<O>(o[k].x, bf16), store16<O>(o[k].y, bf16), store16<O>(o[k].z, bf16),
+                      store16<O>(o[k].w, bf16)}};
   }
 }
 
-__global__ void __launch_bounds__(kNormMaxThreads) norm_round_kernel(NormParams p, bool bf16, float* out) {
+template <typename O>
+__global__ void __launch_bounds__(kNormMaxThreads) norm_round_kernel(NormParams p, bool bf16, O* out) {
   dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
   norm_round_row(p, bf16, out, blockIdx.x);
 }
@@ -303,12 +314,17 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 
 }  // namespace
 
-template <typename Src>
-void launch_round16(Src src, int64_t n_in, int64_t n_tok, bool bf16, float* out, cudaStream_t stream) {
-  const int64_t n = n_in * n_tok;
-  launch_dependent(act_round_elem_kernel<Src>, static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)), 256,
-                   0, stream, src, n_in, n_tok, bf16, out);
+template <typename Src, typename O>
+void launch_round16(Src src, int64_t n_in, int64_t n_tok, bool bf16, O* out, cudaStream_t stream) {
+  launch_dependent(act_round_elem_kernel<Src, O>, row_grid(n_in, n_tok), 256, 0, stream, src, n_in, n_tok, bf16, out);
   FRINK_CUDA_CHECK_LAUNCH();
+}
+
+// out as the 16-bit type bf16 names.
+template <typename F>
+void as16(bool bf16, void* out, F&& f) {
+  if (bf16) f(static_cast<__nv_bfloat16*>(out));
+  else f(static_cast<__half*>(out));
 }
 
 void launch_act_round(const MatmulParams& p, ActRound kind) {
@@ -370,10 +386,21 @@ void launch_glu_round(const GluParams& g, bool bf16, float* out) {
   with_glu_source(g, [&](auto src) { launch_round16(src, g.n, g.n_tok, bf16, out, g.stream); });
 }
 
-void launch_norm_round(const NormParams& np, bool bf16, float* out) {
-  launch_dependent(norm_round_kernel, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
-                   np.stream, np, bf16, out);
+void launch_glu_16bit(const GluParams& g, bool bf16, void* out) {
+  as16(bf16, out, [&](auto* o) { with_glu_source(g, [&](auto src) { launch_round16(src, g.n, g.n_tok, bf16, o, g.stream); }); });
+}
+
+template <typename O>
+void launch_norm_round_as(const NormParams& np, bool bf16, O* out) {
+  launch_dependent(norm_round_kernel<O>, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)),
+                   0, np.stream, np, bf16, out);
   FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_norm_round(const NormParams& np, bool bf16, float* out) { launch_norm_round_as(np, bf16, out); }
+
+void launch_norm_16bit(const NormParams& np, bool bf16, void* out) {
+  as16(bf16, out, [&](auto* o) { launch_norm_round_as(np, bf16, o); });
 }
 
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {

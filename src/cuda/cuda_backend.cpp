@@ -987,12 +987,17 @@ void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d,
                                        const GluParams* branch_glu) {
   const int64_t E = m_.hp.n_embd, n = n_tok_;
   const bool ln = m_.hp.norm == NormKind::kLayer;
-  // Decode batches add the residual in the products' epilogue (x = x + W h, one launch):
-  // where a sandwich norm sits between product and add, or a batch takes cuBLAS, the add
-  // stays a kernel. Bit for bit the same sum either way (x + o == o + x).
-  const bool fuse = n <= kMatvecMaxTok;
+  // The products add the residual in their epilogue (x = x + W h, one launch;
+  // matmul_adds_residual: decode batches, and cuBLAS ones without a bias or scale): where a
+  // sandwich norm sits between product and add, or the product cannot, the add stays a kernel.
+  // Decode's sum is the add kernel's bit for bit (x + o == o + x); cuBLAS's is its epilogue's.
+  const auto adds = [&](const DeviceLinear& l, const float* in, int64_t in_w) {
+    MatmulParams q = matmul_params(l, in, in_w, x_.f(), E);
+    q.residual = x_.f();
+    return matmul_adds_residual(q);
+  };
   // x = x + o_proj(attn_output) (+ the sandwich norm before the add)
-  if (fuse && !p.post_attn_norm) {
+  if (!p.post_attn_norm && adds(proj, branch, branch_w)) {
     matmul(proj, branch, branch_w, x_.f(), E, x_.f(), branch_q8, branch_glu);
   } else {
     matmul(proj, branch, branch_w, o_.f(), E, nullptr, branch_q8, branch_glu);
@@ -1001,7 +1006,9 @@ void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d,
   }
   // x = x + mlp(post_attention_layernorm(x))   (the norm launched by ffn)
   const NormParams ffn_norm = norm_params(d.ffn_norm, x_.f(), h_.f(), n, E, E, ln);
-  if (fuse && !p.post_ffn_norm) {
+  // (MoE: the experts' combine adds it, decode batches only.)
+  const bool ffn_adds = p.ffn == FfnKind::kMoe ? n <= kMatvecMaxTok : adds(d.ffn_down, hidden_.f(), p.n_ff);
+  if (ffn_adds && !p.post_ffn_norm) {
     ffn(p, d, h_.f(), x_.f(), x_.f(), &ffn_norm);
   } else {
     ffn(p, d, h_.f(), f_.f(), nullptr, &ffn_norm);

@@ -13,9 +13,10 @@ namespace {
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 20)); }
 
-__global__ void glu_kernel(GluParams p) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.n * p.n_tok; i += int64_t{gridDim.x} * blockDim.x)
-    p.out[i] = glu_value(p, i / p.n, i % p.n);
+__global__ void glu_kernel(GluParams p) {  // row_grid
+  for (int64_t t = blockIdx.y; t < p.n_tok; t += gridDim.y)
+    for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < p.n; e += int64_t{gridDim.x} * blockDim.x)
+      p.out[t * p.n + e] = glu_value(p, t, e);
 }
 
 // A block of 256 elements of one token (glu_norm_value's layout).
@@ -113,7 +114,7 @@ void launch_glu(const GluParams& p) {
     FRINK_CUDA_CHECK_LAUNCH();
     return;
   }
-  glu_kernel<<<blocks_for(p.n * p.n_tok), 256, 0, p.stream>>>(p);
+  glu_kernel<<<row_grid(p.n, p.n_tok), 256, 0, p.stream>>>(p);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

@@ -21,6 +21,11 @@ bool takes_matvec(const MatmulParams& p) {
   return !p.group_rows && (p.slot_expert || p.matvec_only || p.n_tok <= kMatvecMaxTok);
 }
 
+// Whether p takes cuBLAS with F16 / BF16 weights: x in their 16-bit format at the scratch's
+// start (gemm.cu's x_16bit), written by its producer (launch_norm_16bit, launch_glu_16bit) or
+// converted there by gemm_launch.
+bool reads_scratch16(const MatmulParams& p);
+
 // What x becomes before the kernels read it: the key under which a group of products on one
 // input (launch_matmuls) prepares it once.
 ActRound act_prep_for(const MatmulParams& p) {
@@ -28,6 +33,11 @@ ActRound act_prep_for(const MatmulParams& p) {
   const ActRound dp4a = dp4a_act_for(p.type);
   if (dp4a != kActNone && takes_matvec(p) && p.n_in % (dp4a == kActDp4a ? 32 : 256) == 0) return dp4a;
   return act_round_for(p.type);
+}
+
+bool reads_scratch16(const MatmulParams& p) {
+  const ActRound kind = act_prep_for(p);
+  return (kind == kActF16 || kind == kActBF16) && !takes_matvec(p);
 }
 
 // Whether p goes to the stream kernel (matvec_stream_kernel): one of its types on the
@@ -75,7 +85,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
   }
   // The cuBLAS path of F16/BF16 weights converts x to their 16-bit format itself, which is the
   // same rounding: a rounded f32 copy first would be one more pass over x.
-  const bool converts_itself = (kind == kActF16 || kind == kActBF16) && !takes_matvec(p);
+  const bool converts_itself = reads_scratch16(p);
   if (kind != kActNone && !converts_itself) {
     if (!x_ready) launch_act_round(p, kind);
     p.x = p.act_round;
@@ -115,6 +125,11 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
 }
 
 bool matmul_reads_q8_0(const MatmulParams& p) { return act_prep_for(p) == kActDp4a; }
+
+bool matmul_adds_residual(const MatmulParams& p) {
+  if (!p.residual || p.slot_expert || p.group_rows) return false;
+  return p.n_tok <= kMatvecMaxTok || (p.residual == p.y && !p.bias && p.scale == 1.0f);
+}
 
 bool matmul_reads_rounded16(const MatmulParams& p) {
   const ActRound kind = act_prep_for(p);
@@ -157,6 +172,11 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   // its own launch, one act_round launch fewer (8B BF16 graph 4.384 / 4.396 -> 4.256 / 4.267 ms,
   // H200, one call, alternating).
   const bool rounds16 = matmul_reads_rounded16(p);
+  // F16 / BF16 products on cuBLAS read x's 16-bit copy at the scratch's start: the producer
+  // writes it beside x, where gemm_launch's conversion was one more pass over x (to_16bit:
+  // 1.6 ms of an 8B BF16 pp512 batch's 18.4 ms of kernels, H200 ncu).
+  const bool writes16 =
+      reads_scratch16(p) && p.scratch && p.scratch_elems >= static_cast<size_t>(p.n_in * p.n_tok);
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
     FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
@@ -171,6 +191,10 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
     if (kind == kActDp4aK && norm_vec_ok(np) && np.n % 256 == 0) {
       if (router) launch_norm_router(np, 2, p, *router);
       else launch_norm_q8k(np, q8k_act(p));
+      return true;
+    }
+    if (writes16 && !router && norm_vec_ok(np)) {
+      launch_norm_16bit(np, kind == kActBF16, p.scratch);
       return true;
     }
     const bool round = rounds16 && norm_vec_ok(np);
@@ -193,6 +217,10 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   }
   if (rounds16 && (!g.up_norm_w || glu_norm_ok(g))) {
     launch_glu_round(g, kind == kActBF16, p.act_round);
+    return true;
+  }
+  if (writes16 && (!g.up_norm_w || glu_norm_ok(g))) {
+    launch_glu_16bit(g, kind == kActBF16, p.scratch);
     return true;
   }
   launch_glu(g);
@@ -241,7 +269,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const MatmulParams& p = ps[i];
     const MatmulParams& p0 = ps[0];
     FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out &&
-                             (!p.residual || (p.n_tok <= kMatvecMaxTok && !p.slot_expert && !p.group_rows)) &&
+                             (!p.residual || matmul_adds_residual(p)) &&
                              (!p.group_rows || (!p.slot_expert && p.n_expert > 0 && p.group_ptrs)) &&
                              (!p.slot_expert || (p.n_slots > 0 && p.x_div >= 1 &&
                                                  p.n_tok == (p.n_slots + p.x_div - 1) / p.x_div)) &&

@@ -33,8 +33,8 @@ struct MatmulParams {
   const float* bias = nullptr;  // [n_out] or null
   float scale = 1.0f;
   bool bias_before_scale = false;
-  // Matrix-vector batches only (n_tok <= kMatvecMaxTok): y = product + residual, residual
-  // [n_tok][y_stride] and possibly y itself (x = x + W h in one launch, no add kernel).
+  // y = product + residual (x = x + W h in one launch, no add kernel): residual [n_tok][y_stride],
+  // where matmul_adds_residual holds.
   const float* residual = nullptr;
   // Expert products (MoE). w is a stack of experts expert_bytes apart; slot s in [0, n_slots)
   // multiplies expert slot_expert[s] (device memory, so routing never leaves the device) with
@@ -168,6 +168,10 @@ bool matmul_reads_q8_blocks(const MatmulParams& p);
 // The Q8_0 case of it alone, for a producer that can write only Q8_0 blocks (the attention
 // merge: AttnParams::out_q8).
 bool matmul_reads_q8_0(const MatmulParams& p);
+// Whether p, residual set, adds it in its own epilogue: matrix-vector batches (residual may be
+// y itself or another buffer); cuBLAS batches in place (residual == y, added through beta = 1),
+// with no bias or scale after the product. Never expert products.
+bool matmul_adds_residual(const MatmulParams& p);
 // Whether product p reads x from act_round rounded to f16 / bf16 and kept as f32 ([n_tok][n_in];
 // F16 / BF16 weights on the matrix-vector path, act_round set): what a producer writes there
 // for x_prepared (the norm and GLU producers, the attention merge: AttnParams::out_round).
@@ -177,8 +181,9 @@ bool matmul_reads_rounded16(const MatmulParams& p);
 size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok);
 // p.pre_norm or p.pre_glu alone, as launch_matmuls runs it first: fused with x's
 // preparation for p when p's is a dp4a one the fused kernels cover, or the rounding of an F16 /
-// BF16 decode product (launch_norm_round, launch_glu_round). True when act_round then
-// holds x prepared for p (the products launched later with the producer cleared and
+// BF16 decode product (launch_norm_round, launch_glu_round), or x's 16-bit copy for an F16 /
+// BF16 product on cuBLAS (in the scratch: launch_norm_16bit, launch_glu_16bit). True when
+// act_round (or that scratch) then holds x prepared for p (the products launched later with the producer cleared and
 // x_prepared set, when matmul_reads_q8_blocks(p)); false: only x was written.
 // With `router` (norm_router_ok: a one-row RMS norm): that router's logits of the norm's
 // output too, in the same launch.

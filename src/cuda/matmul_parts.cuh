@@ -190,6 +190,10 @@ void launch_glu_q8k(const GluParams& g, const Q8KAct& x);
 // launch_act_round would: one launch fewer before an F16 / BF16 decode product.
 void launch_norm_round(const NormParams& np, bool bf16, float* out);
 void launch_glu_round(const GluParams& g, bool bf16, float* out);
+// The same two, with x's 16-bit copy (bf16 or f16 values, [rows][n]) as out: what an F16 /
+// BF16 product on cuBLAS reads (gemm.cu's x_16bit), one pass over x fewer.
+void launch_norm_16bit(const NormParams& np, bool bf16, void* out);
+void launch_glu_16bit(const GluParams& g, bool bf16, void* out);
 
 // matvec.cu: decode-sized products. staged_ok: W's rows suit the stream kernel.
 bool staged_ok(const MatmulParams& p);

@@ -198,6 +198,47 @@ TEST(CudaKernels, ResidualInTheEpilogueEqualsAnAdd) {
   }
 }
 
+// Prompt batches on cuBLAS add the residual through beta = 1, in place (matmul_adds_residual):
+// y = residual + W x to f32 rounding (cuBLAS may pick another kernel, so another summation
+// order, for beta 1), for plain, 16-bit and dequantized-tile weights; a bias or a scale after
+// the product keeps the add a kernel of its own.
+TEST(CudaKernels, ResidualInCublasBatchesEqualsAnAdd) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  cublasHandle_t blas;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  const int64_t n_in = 512, n_out = 96;
+  Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(n_in, 40)));
+  for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q6_K})
+    for (int64_t n_tok : {12, 40}) {
+      const RandomWeights w = random_weights(rng, t, n_in, n_out);
+      const auto x = random_floats(rng, n_in * n_tok), r = random_floats(rng, n_out * n_tok);
+      Dev<uint8_t> dw(w.bytes);
+      Dev<float> dx(x), dy(static_cast<size_t>(n_out * n_tok)), dr(r), dact(x.size());
+      cuda::MatmulParams p = mat_params(t, dw.p, n_in, n_out, dx.p, n_tok, dy.p);
+      p.act_round = dact.p;
+      p.blas = blas;
+      p.scratch = scratch.p;
+      p.scratch_elems = scratch.n;
+      cuda::launch_matmul(p);
+      auto expect = dy.get();
+      for (size_t i = 0; i < expect.size(); ++i) expect[i] += r[i];
+      p.y = dr.p;
+      p.residual = dr.p;
+      ASSERT_TRUE(cuda::matmul_adds_residual(p));
+      cuda::launch_matmul(p);
+      const auto got = dr.get();
+      EXPECT_LT(nmse(got.data(), expect.data(), expect.size()), 1e-12) << ggml_type_name(t) << " n_tok " << n_tok;
+      cuda::MatmulParams q = p;
+      q.scale = 0.5f;
+      EXPECT_FALSE(cuda::matmul_adds_residual(q));
+      q = p;
+      q.residual = dy.p;  // not in place
+      EXPECT_FALSE(cuda::matmul_adds_residual(q));
+    }
+  cublasDestroy(blas);
+}
+
 // launch_matmuls (products of one input prepared once) gives bit for bit what separate
 // launch_matmul calls give, for groups that share one preparation, that alternate between
 // forms (int8 Q8_0 and Q8 blocks; int8 Q8_K and Q8_K values, as a Q5_K_M file does), on both
@@ -292,6 +333,9 @@ void expect_producer_fused(const FusedCase& c, Dev<float>& x1, Dev<float>& x2,
   p.scratch_elems = c.scratch->n;
   p.act_round = act1.p;
   cuda::launch_matmul(p);
+  // The scratch poisoned (NaN in f16 and bf16): a producer that claimed x's 16-bit copy for a
+  // cuBLAS product without writing it would otherwise pass on the first launch's copy.
+  ASSERT_EQ(cudaMemset(c.scratch->p, 0xff, c.scratch->n * sizeof(uint16_t)), cudaSuccess);
   p.x = x2.p;
   p.y = y2.p;
   p.act_round = act2.p;
