@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "cuda/cuda_check.h"
+#include "cuda/elementwise.cuh"
 #include "cuda/norm_row.cuh"
 #include "cuda/rope_math.cuh"
 
@@ -12,12 +13,10 @@ namespace frink::cuda {
 
 namespace {
 
-// The append's share of the index space (after the pairs): K elements the rotation does not
-// write (dims n_rot.. of each head), then V, row by row.
-__device__ void append_unrotated(const RopeLaunch& p, int64_t j) {
-  const int64_t k_w = p.n_head2 * p.head_dim, w = k_w + p.v_width, row0 = *p.pos;
-  const int64_t t = j / w, c = j % w;
-  if (t >= p.n_tok) return;
+// Element c of token t's appended row (K's row, then V's) that the rotation does not write:
+// K's dims n_rot.. of each head, and all of V.
+__device__ void append_unrotated(const RopeLaunch& p, int64_t t, int64_t c) {
+  const int64_t k_w = p.n_head2 * p.head_dim, row0 = *p.pos;
   if (c < k_w) {
     if (c % p.head_dim < p.n_rot) return;  // its pair's thread writes it, rotated
     const float x = p.x2[t * p.row_stride2 + c];
@@ -50,14 +49,17 @@ __device__ __forceinline__ void rotate_pair(const RopeLaunch& p, int64_t t, int6
   }
 }
 
+// Over row_grid(rope_row_items(p), n_tok): a token's pairs (heads x n_rot / 2), then its
+// append's elements (append_unrotated). 32-bit indices within a token, where a flat index over
+// the batch took three 64-bit divisions a thread.
 __global__ void rope_kernel(RopeLaunch p, RopeFreq f) {
-  const int64_t n_pairs = p.n_rot / 2, heads = p.n_head + p.n_head2;
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i >= p.n_tok * heads * n_pairs) {
-    if (p.mirror_k) append_unrotated(p, i - p.n_tok * heads * n_pairs);
-    return;
-  }
-  rotate_pair(p, i / (n_pairs * heads), (i / n_pairs) % heads, i % n_pairs, f);
+  const int n_pairs = p.n_rot / 2, n_rotated = (p.n_head + p.n_head2) * n_pairs;
+  const int items = n_rotated + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0);
+  for (int64_t t = blockIdx.y; t < p.n_tok; t += gridDim.y)
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < items; i += gridDim.x * blockDim.x) {
+      if (i < n_rotated) rotate_pair(p, t, i / n_pairs, i % n_pairs, f);
+      else append_unrotated(p, t, i - n_rotated);
+    }
 }
 
 // QK-norm with the rotation (RopeLaunch::qk_norm): one block per (token, head) row normed by
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) rope_norm_kernel(RopeLaunch p
   if (blockIdx.x >= rows) {
     const int64_t j = (blockIdx.x - rows) * int64_t{blockDim.x} + threadIdx.x;  // V element j of the batch
     const int64_t k_w = p.n_head2 * p.head_dim;
-    if (p.mirror_k && j < p.n_tok * p.v_width) append_unrotated(p, j / p.v_width * (k_w + p.v_width) + k_w + j % p.v_width);
+    if (p.mirror_k && j < p.n_tok * p.v_width) append_unrotated(p, j / p.v_width, k_w + j % p.v_width);
     return;
   }
   const int64_t t = blockIdx.x / heads, hh = blockIdx.x % heads;
@@ -83,9 +85,9 @@ __global__ void __launch_bounds__(kNormMaxThreads) rope_norm_kernel(RopeLaunch p
   for (int64_t pair = threadIdx.x; pair < p.n_rot / 2; pair += blockDim.x)
     rotate_pair(p, t, hh, pair, f);
   if (hh >= p.n_head && p.mirror_k) {
-    const int64_t k_w = p.n_head2 * p.head_dim, col = (hh - p.n_head) * p.head_dim;
+    const int64_t col = (hh - p.n_head) * p.head_dim;
     for (int64_t c = p.n_rot + threadIdx.x; c < p.head_dim; c += blockDim.x)
-      append_unrotated(p, t * (k_w + p.v_width) + col + c);
+      append_unrotated(p, t, col + c);
   }
 }
 
@@ -123,8 +125,8 @@ RopeFreq rope_freq(const RopeLaunch& p) {
 }
 
 void launch_rope(const RopeLaunch& p) {
-  const int64_t n_append = p.mirror_k ? p.n_tok * (p.n_head2 * p.head_dim + p.v_width) : 0;
-  const int64_t n = p.n_tok * (p.n_head + p.n_head2) * (p.n_rot / 2) + n_append;
+  const int64_t items = (p.n_head + p.n_head2) * (p.n_rot / 2) + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0);
+  const int64_t n = p.n_tok * items;
   if (p.qk_norm && (n == 0 || !norm_fuses(p))) {  // the same results in two launches
     launch_norm_pair(p.norm_x, p.norm_x2);
     RopeLaunch r = p;
@@ -140,7 +142,7 @@ void launch_rope(const RopeLaunch& p) {
     rope_norm_kernel<<<static_cast<unsigned>(rows + v_blocks), static_cast<unsigned>(threads), 0,
                        p.stream>>>(p, f);
   } else {
-    rope_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, p.stream>>>(p, f);
+    rope_kernel<<<row_grid(items, p.n_tok), 256, 0, p.stream>>>(p, f);
   }
   FRINK_CUDA_CHECK_LAUNCH();
 }
