@@ -71,6 +71,7 @@ class Decoder {
   bool token_graph_ = false;  // decode steps go to DeviceBackend::run_token
   int64_t whole_token_steps_ = 0;
   std::vector<float> next_logits_;  // eval_next's logits when they come to the host
+  std::vector<float> x_;            // eval_batch's residual rows [n][n_embd] (grown, never shrunk)
 };
 
 }  // namespace frink
