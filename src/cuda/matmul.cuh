@@ -92,7 +92,8 @@ struct MatmulParams {
   // when that is what the products need (one kernel fewer per norm and product group).
   const NormParams* pre_norm = nullptr;
   // The same for a gated activation: x is pre_glu's output (out == x, [n_tok][n_in]), computed
-  // in the kernel that quantizes it when the products' preparation is a dp4a one.
+  // in the kernel that quantizes it when the products' preparation is a dp4a one. F16 / BF16
+  // products on cuBLAS read its 16-bit copy alone, and x is then left unwritten.
   const GluParams* pre_glu = nullptr;
   // launch_matmuls only, first product: act_round ALREADY holds x as the dp4a kernels read it
   // (Q8_0 blocks, q8_0_act, or Q8_K blocks, q8k_act; or rounded to f16 / bf16), written by

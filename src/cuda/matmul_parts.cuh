@@ -191,7 +191,8 @@ void launch_glu_q8k(const GluParams& g, const Q8KAct& x);
 void launch_norm_round(const NormParams& np, bool bf16, float* out);
 void launch_glu_round(const GluParams& g, bool bf16, float* out);
 // The same two, with x's 16-bit copy (bf16 or f16 values, [rows][n]) as out: what an F16 /
-// BF16 product on cuBLAS reads (gemm.cu's x_16bit), one pass over x fewer.
+// BF16 product on cuBLAS reads (gemm.cu's x_16bit), one pass over x fewer. The GLU's f32
+// values (g.out) are not written: the copy is all its product reads.
 void launch_norm_16bit(const NormParams& np, bool bf16, void* out);
 void launch_glu_16bit(const GluParams& g, bool bf16, void* out);
 

@@ -29,15 +29,14 @@ __device__ void append_unrotated(const RopeLaunch& p, int64_t t, int64_t c) {
   }
 }
 
-// Pair `pair` of head hh (x's heads, then x2's) of token t: rotated in place, and K's also
-// appended (mirror_k set).
-__device__ __forceinline__ void rotate_pair(const RopeLaunch& p, int64_t t, int64_t hh, int64_t pair,
-                                            const RopeFreq& f) {
+// Pair `pair` of head hh (x's heads, then x2's) of token t: rotated in place by cs (its
+// rope_cos_sin), and K's also appended (mirror_k set).
+__device__ __forceinline__ void rotate_pair(const RopeLaunch& p, int64_t t, int64_t hh, int64_t pair, float2 cs) {
   const bool second = hh >= p.n_head;  // heads of x2 follow those of x
   const int64_t h = second ? hh - p.n_head : hh;
   float* v = second ? p.x2 + t * p.row_stride2 + h * p.head_dim : p.x + t * p.row_stride + h * p.head_dim;
   const int64_t a = p.neox ? pair : 2 * pair, b = p.neox ? pair + p.n_rot / 2 : 2 * pair + 1;
-  const float2 y = rope_rotate(v[a], v[b], rope_cos_sin(f, *p.pos + t, pair));
+  const float2 y = rope_rotate(v[a], v[b], cs);
   v[a] = y.x;
   v[b] = y.y;
   if (second && p.mirror_k) {
@@ -49,16 +48,31 @@ __device__ __forceinline__ void rotate_pair(const RopeLaunch& p, int64_t t, int6
   }
 }
 
-// Over row_grid(rope_row_items(p), n_tok): a token's pairs (heads x n_rot / 2), then its
-// append's elements (append_unrotated). 32-bit indices within a token, where a flat index over
-// the batch took three 64-bit divisions a thread.
+// A thread's pair angle serves this many heads: rope_cos_sin is a serial chain of up to
+// n_rot / 2 multiplies and a cosf and sinf, where a rotation is two loads and two stores.
+constexpr int kRopeHeads = 8;
+
+// The items of a token: (pair, group of kRopeHeads heads) with the pair fastest, so a warp's
+// loads are consecutive pairs of one head; then its append's elements (append_unrotated).
+inline int64_t rope_items(const RopeLaunch& p) {
+  const int64_t groups = (p.n_head + p.n_head2 + kRopeHeads - 1) / kRopeHeads;
+  return groups * (p.n_rot / 2) + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0);
+}
+
+// Over row_grid(rope_items(p), n_tok). 32-bit indices within a token.
 __global__ void rope_kernel(RopeLaunch p, RopeFreq f) {
-  const int n_pairs = p.n_rot / 2, n_rotated = (p.n_head + p.n_head2) * n_pairs;
-  const int items = n_rotated + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0);
+  const int n_pairs = p.n_rot / 2, heads = p.n_head + p.n_head2;
+  const int n_rotating = (heads + kRopeHeads - 1) / kRopeHeads * n_pairs;
+  const int items = n_rotating + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0);
   for (int64_t t = blockIdx.y; t < p.n_tok; t += gridDim.y)
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < items; i += gridDim.x * blockDim.x) {
-      if (i < n_rotated) rotate_pair(p, t, i / n_pairs, i % n_pairs, f);
-      else append_unrotated(p, t, i - n_rotated);
+      if (i >= n_rotating) {
+        append_unrotated(p, t, i - n_rotating);
+        continue;
+      }
+      const int pair = i % n_pairs, h0 = i / n_pairs * kRopeHeads;
+      const float2 cs = rope_cos_sin(f, *p.pos + t, pair);
+      for (int hh = h0; hh < min(h0 + kRopeHeads, heads); ++hh) rotate_pair(p, t, hh, pair, cs);
     }
 }
 
@@ -83,7 +97,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) rope_norm_kernel(RopeLaunch p
   else norm_vec_row(p.norm_x2, o, t * p.n_head2 + hh - p.n_head);
   __syncthreads();
   for (int64_t pair = threadIdx.x; pair < p.n_rot / 2; pair += blockDim.x)
-    rotate_pair(p, t, hh, pair, f);
+    rotate_pair(p, t, hh, pair, rope_cos_sin(f, *p.pos + t, pair));
   if (hh >= p.n_head && p.mirror_k) {
     const int64_t col = (hh - p.n_head) * p.head_dim;
     for (int64_t c = p.n_rot + threadIdx.x; c < p.head_dim; c += blockDim.x)
@@ -125,8 +139,7 @@ RopeFreq rope_freq(const RopeLaunch& p) {
 }
 
 void launch_rope(const RopeLaunch& p) {
-  const int64_t items = (p.n_head + p.n_head2) * (p.n_rot / 2) + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0);
-  const int64_t n = p.n_tok * items;
+  const int64_t items = rope_items(p), n = p.n_tok * items;
   if (p.qk_norm && (n == 0 || !norm_fuses(p))) {  // the same results in two launches
     launch_norm_pair(p.norm_x, p.norm_x2);
     RopeLaunch r = p;

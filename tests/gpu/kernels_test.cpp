@@ -306,8 +306,11 @@ struct FusedCase {
   cublasHandle_t blas;
   Dev<uint16_t>* scratch;
 };
+// x_kept false: the fused launch need not write x (a GLU before a cuBLAS F16 / BF16 product);
+// it must then leave x2 as it was (poisoned).
 void expect_producer_fused(const FusedCase& c, Dev<float>& x1, Dev<float>& x2,
-                           const std::function<void(cuda::MatmulParams&)>& fuse, const std::string& where) {
+                           const std::function<void(cuda::MatmulParams&)>& fuse, const std::string& where,
+                           bool x_kept = true) {
   Dev<float> y1(static_cast<size_t>(c.n_out * c.n_tok)), y2(static_cast<size_t>(c.n_out * c.n_tok)),
       act1(static_cast<size_t>(c.n_in * c.n_tok)), act2(static_cast<size_t>(c.n_in * c.n_tok));
   cuda::MatmulParams p = mat_params(c.t, c.w, c.n_in, c.n_out, x1.p, c.n_tok, y1.p);
@@ -323,8 +326,9 @@ void expect_producer_fused(const FusedCase& c, Dev<float>& x1, Dev<float>& x2,
   p.y = y2.p;
   p.act_round = act2.p;
   fuse(p);
+  const auto x2_before = x2.get();
   cuda::launch_matmul(p);
-  EXPECT_EQ(x1.get(), x2.get()) << where;
+  EXPECT_EQ(x_kept ? x1.get() : x2_before, x2.get()) << where;
   EXPECT_EQ(y1.get(), y2.get()) << where;
 }
 
@@ -332,7 +336,8 @@ void expect_producer_fused(const FusedCase& c, Dev<float>& x1, Dev<float>& x2,
 // launched first and the products after it: the fused norm + quantization kernels (Q4_0 and
 // Q8_0: Q8_0 blocks; Q4_K and Q6_K: Q8_K blocks) must quantize exactly as the separate
 // kernels, F16 and BF16 decode batches round as act_round does in the norm's launch
-// (launch_norm_round), and other types take the plain norm. Widths: 4096 (1024 threads), 2304 (576: nine
+// (launch_norm_round), their prompt batches get the 16-bit copy cuBLAS reads from it
+// (launch_norm_16bit; the scratch poisoned first), and other types take the plain norm. Widths: 4096 (1024 threads), 2304 (576: nine
 // 256-blocks of two warps each), 5120 (640 threads, two slabs of float4 per thread), 1088 (320
 // threads, the last ones past the row; Q8_0 blocks only).
 TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
@@ -441,7 +446,8 @@ TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
 // A gated activation handed to launch_matmuls (MatmulParams::pre_glu) gives the same bits as
 // launch_glu followed by the product: SiLU, GELU, gpt-oss's clamped form and gate-only, for
 // the four dp4a types (fused), F16 and BF16 (rounded in the GLU's launch on decode batches,
-// launch_glu_round), decode and prompt batches. With an up norm in
+// launch_glu_round; on prompt batches its 16-bit copy alone, for cuBLAS: launch_glu_16bit,
+// the scratch poisoned first), decode and prompt batches. With an up norm in
 // groups of 128 and 256 (the gated delta net's output norm: GluParams::up_norm_w), launch_glu's
 // output is also held to the host's arithmetic (a group norm then the GLU, in double).
 TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
@@ -499,10 +505,12 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
             EXPECT_LT(nmse(dev.data(), host.data(), host.size()), 1e-12) << "mode " << mode << " n_in " << n_in;
           }
           g.out = dh2.p;
+          const bool cublas16 = (t == GgmlType::BF16 || t == GgmlType::F16) && n_tok > cuda::kMatvecMaxTok;
           expect_producer_fused(
               {t, dwt.p, n_in, n_out, n_tok, blas, &scratch}, dh1, dh2, [&](cuda::MatmulParams& p) { p.pre_glu = &g; },
               std::string(ggml_type_name(t)) + " n_in " + std::to_string(n_in) + " n_tok " + std::to_string(n_tok) +
-                  " mode " + std::to_string(mode));
+                  " mode " + std::to_string(mode),
+              !cublas16);
         }
   cublasDestroy(blas);
 }
