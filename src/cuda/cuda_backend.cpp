@@ -608,7 +608,8 @@ void CudaBackend::flush() {
     if (all_early && pending_.size() > 1 && n_tok_ > 1) {
       // The layers land in order, and each thread takes the next one not yet taken, so the
       // appends follow the copies. (Contiguous chunks left the last thread four of the 8B's 32
-      // layers to append after the last copy.)
+      // layers to append after the last copy; the 8B BF16 pp512 batch, device-bound, measured
+      // the same either way: 20 ms from enqueue to the last append, H200.)
       std::atomic<size_t> next{0};
       std::vector<std::exception_ptr> errors(pending_.size());
       append_pool_.parallel_for(append_pool_.n_threads(), [&](int64_t, int64_t, int) {
