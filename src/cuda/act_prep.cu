@@ -410,6 +410,10 @@ void launch_norm_round_as(const NormParams& np, bool bf16, O* out) {
 
 void launch_norm_round(const NormParams& np, bool bf16, float* out) { launch_norm_round_as(np, bf16, out); }
 
+void launch_x_16bit(const MatmulParams& p, bool bf16, void* out) {
+  as16(bf16, out, [&](auto* o) { launch_round16(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, bf16, o, p.stream); });
+}
+
 void launch_norm_16bit(const NormParams& np, bool bf16, void* out) {
   as16(bf16, out, [&](auto* o) { launch_norm_round_as(np, bf16, o); });
 }

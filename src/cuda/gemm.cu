@@ -9,7 +9,6 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
-#include "cuda/round16_rule.cuh"
 
 namespace frink::cuda::mm {
 
@@ -29,7 +28,7 @@ __global__ void dequant_q4_0x8_f16_kernel(const uint8_t* w, size_t row_bytes, in
     for (int64_t u = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; u < n8; u += int64_t{gridDim.x} * blockDim.x) {
       const int64_t s = u / 4;  // the 32-element block
       const int m = static_cast<int>(u % 4), j = static_cast<int>(s % 8);
-      const uint8_t* g = w + (r0 + r) * row_bytes + (s / 8) * 144;
+      const uint8_t* g = w + (r0 + r) * row_bytes + (s / 8) * BlockGeom<kQ4_0X8>::kBytes;
       const uint2 q = *reinterpret_cast<const uint2*>(g + 16 * j + 8 * (m % 2));
       const float d = __half2float(*reinterpret_cast<const __half*>(g + 128 + 2 * j));
       const int shift = m < 2 ? 0 : 4;
@@ -72,14 +71,6 @@ __global__ void dequant_f16_kernel(const uint8_t* w, size_t row_bytes, int64_t n
   }
 }
 
-// x [n_tok][x_stride] -> 16-bit [n_tok][n_in] (__half or __nv_bfloat16), rounded to nearest.
-template <typename H>
-__global__ void to_16bit_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, H* out) {  // row_grid
-  for (int64_t t = blockIdx.y; t < n_tok; t += gridDim.y)
-    for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n_in; e += int64_t{gridDim.x} * blockDim.x)
-      out[t * n_in + e] = store16<H>(x[t * x_stride + e], std::is_same_v<H, __nv_bfloat16>);
-}
-
 __global__ void bias_scale_kernel(Args a, int64_t n_tok) {
   const int64_t n = a.n_out * n_tok;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -95,8 +86,7 @@ template <typename H>
 H* x_16bit(const MatmulParams& p, bool x_ready) {
   H* xw = static_cast<H*>(p.scratch);
   if (!x_ready) {
-    to_16bit_kernel<H><<<row_grid(p.n_in, p.n_tok), 256, 0, p.stream>>>(p.x, p.x_stride, p.n_in, p.n_tok, xw);
-    FRINK_CUDA_CHECK_LAUNCH();
+    launch_x_16bit(p, std::is_same_v<H, __nv_bfloat16>, xw);
   }
   return xw;
 }

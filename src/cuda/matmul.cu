@@ -173,8 +173,8 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   // H200, one call, alternating).
   const bool rounds16 = matmul_reads_rounded16(p);
   // F16 / BF16 products on cuBLAS read x's 16-bit copy at the scratch's start: the producer
-  // writes it beside x, where gemm_launch's conversion was one more pass over x (to_16bit:
-  // 1.6 ms of an 8B BF16 pp512 batch's 18.4 ms of kernels, H200 ncu).
+  // writes it beside x, where gemm_launch's conversion was one more pass over x (then a kernel
+  // of its own, to_16bit: 1.6 ms of an 8B BF16 pp512 batch's 18.4 ms of kernels, H200 ncu).
   const bool writes16 =
       reads_scratch16(p) && p.scratch && p.scratch_elems >= static_cast<size_t>(p.n_in * p.n_tok);
   if (p.pre_norm) {

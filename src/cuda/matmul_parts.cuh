@@ -194,6 +194,8 @@ void launch_glu_round(const GluParams& g, bool bf16, float* out);
 // BF16 product on cuBLAS reads (gemm.cu's x_16bit), one pass over x fewer. The GLU's f32
 // values (g.out) are not written: the copy is all its product reads.
 void launch_norm_16bit(const NormParams& np, bool bf16, void* out);
+// p's x itself as that 16-bit copy: gemm.cu's conversion where no producer wrote it.
+void launch_x_16bit(const MatmulParams& p, bool bf16, void* out);
 void launch_glu_16bit(const GluParams& g, bool bf16, void* out);
 
 // matvec.cu: decode-sized products. staged_ok: W's rows suit the stream kernel.
