@@ -86,6 +86,61 @@ template <> struct BlockGeom<kQ4_KX8> { static constexpr int kElems = 2048, kByt
 // + 8) at 1024 + 64 s + 8 k; the 16 scales at 1536 + 16 s, d at 1664 + 2 s.
 template <> struct BlockGeom<kQ6_KX8> { static constexpr int kElems = 2048, kBytes = 1680; };
 
+// Elements [8 u, 8 u + 8) of a row in an x8 layout. The layouts put the quants of 8
+// consecutive elements in 8 contiguous, 8-byte aligned bytes (Q6_K: its ql and its qh bytes),
+// so a thread per 8 elements makes one load of them and a warp reads whole sectors
+// (dequant_x8_f16_kernel); dequant32 of these types is four of these. Values and operation
+// order are the plain layouts' (dequant32 of kQ4_0 ... kQ6_K).
+template <int T>
+__device__ __forceinline__ void dequant8_x8(const uint8_t* row, int64_t u, float* out) {
+  using G = BlockGeom<T>;
+  constexpr int kUnits = G::kElems / 8;
+  const uint8_t* b = row + (u / kUnits) * G::kBytes;
+  const int e = static_cast<int>(u % kUnits), j = e / 4, c = e % 4;  // 32-element piece j, its quarter c
+  const auto bytes8 = [](const uint8_t* p, int k) {  // byte k of the aligned 8 at p
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    return static_cast<int>(((k < 4 ? w.x : w.y) >> (8 * (k % 4))) & 0xFF);
+  };
+  if constexpr (T == kQ4_0X8) {  // block j: low nibbles of bytes [0, 16) are elements [0, 16)
+    const float d = h2f(b + 128 + 2 * j);
+    const uint8_t* q = b + 16 * j + 8 * (c % 2);
+    const int sh = c < 2 ? 0 : 4;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = (((bytes8(q, k) >> sh) & 0xF) - 8) * d;
+  } else if constexpr (T == kQ8_0X8) {  // block j's element l at 128 (l / 16) + 16 j + l % 16
+    const float d = h2f(b + 256 + 2 * j);
+    const uint8_t* q = b + 128 * (c / 2) + 16 * j + 8 * (c % 2);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = static_cast<int8_t>(bytes8(q, k)) * d;
+  } else if constexpr (T == kQ4_KX8) {
+    // Sub-block j % 8 of super-block j / 8: group g = j % 8 / 2, low (even) or high nibbles;
+    // its element l at 128 + 512 (l / 16) + 64 sb + 16 g + l % 16.
+    const int sb = j / 8, jj = j % 8, g = jj / 2, sh = (jj % 2) * 4;
+    const uint8_t* hd = b + 16 * sb;
+    const float d = h2f(hd), dmin = h2f(hd + 2);
+    int sc, mn;
+    scale_min_k4(jj, hd + 4, sc, mn);
+    const float d1 = d * sc, m1 = dmin * mn;
+    const uint8_t* q = b + 128 + 512 * (c / 2) + 64 * sb + 16 * g + 8 * (c % 2);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = __fsub_rn(__fmul_rn(d1, (bytes8(q, k) >> sh) & 0xF), m1);
+  } else if constexpr (T == kQ6_KX8) {
+    // Quarter qq of half `half` of super-block sb; its element l: ql byte at 512 (qq & 1) +
+    // 64 sb + 32 half + l, qh byte at 1024 + 64 sb + 32 half + l.
+    const int sb = j / 8, jj = j % 8, half = jj / 4, qq = jj % 4;
+    const float d = h2f(b + 1664 + 2 * sb);
+    const int sc = reinterpret_cast<const int8_t*>(b + 1536 + 16 * sb)[8 * half + c / 2 + 2 * qq];
+    const uint8_t* ql = b + 512 * (qq & 1) + 64 * sb + 32 * half + 8 * c;
+    const uint8_t* qh = b + 1024 + 64 * sb + 32 * half + 8 * c;
+    const int lsh = (qq / 2) * 4, hsh = 2 * qq;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int q = (((bytes8(ql, k) >> lsh) & 0xF) | (((bytes8(qh, k) >> hsh) & 3) << 4)) - 32;
+      out[k] = d * sc * q;
+    }
+  }
+}
+
 // Elements [32 s, 32 s + 32) of a quantized row.
 template <int T>
 __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* out) {
@@ -93,12 +148,12 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
   constexpr int kSub = G::kElems / 32;
   const uint8_t* b = row + (s / kSub) * G::kBytes;
   const int j = static_cast<int>(s % kSub);
-  if constexpr (T == kQ4_0) {
+  if constexpr (kIsX8<T>) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dequant8_x8<T>(row, 4 * s + c, out + 8 * c);
+  } else if constexpr (T == kQ4_0) {
     const float d = h2f(b);
     nibbles(b + 2, out, [d](int q) { return (q - 8) * d; });
-  } else if constexpr (T == kQ4_0X8) {
-    const float d = h2f(b + 128 + 2 * j);
-    nibbles(b + 16 * j, out, [d](int q) { return (q - 8) * d; });
   } else if constexpr (T == kQ4_1) {
     const float d = h2f(b), m = h2f(b + 2);
     nibbles(b + 4, out, [d, m](int q) { return __fadd_rn(__fmul_rn(q, d), m); });
@@ -119,10 +174,6 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
         out[l + 16] = __fadd_rn(__fmul_rn(q1, d), m);
       }
     }
-  } else if constexpr (T == kQ8_0X8) {
-    const float d = h2f(b + 256 + 2 * j);
-#pragma unroll
-    for (int l = 0; l < 32; ++l) out[l] = static_cast<int8_t>(b[128 * (l / 16) + 16 * j + l % 16]) * d;
   } else if constexpr (T == kQ8_0) {
     const float d = h2f(b);
 #pragma unroll
@@ -157,19 +208,6 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
       for (int l = 16 * sub; l < 16 * sub + 16; ++l)
         out[l] = dl * (((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
     }
-  } else if constexpr (T == kQ4_KX8) {
-    // Sub-block j % 8 of super-block j / 8: group g = j % 8 / 2, low (even) or high nibbles.
-    const int sb = j / 8, jj = j % 8, g = jj / 2, sh = (jj % 2) * 4;
-    const uint8_t* hd = b + 16 * sb;
-    const float d = h2f(hd), dmin = h2f(hd + 2);
-    int sc, mn;
-    scale_min_k4(jj, hd + 4, sc, mn);
-    const float d1 = d * sc, m1 = dmin * mn;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      const int q = (b[128 + 512 * (l / 16) + 64 * sb + 16 * g + l % 16] >> sh) & 0xF;
-      out[l] = __fsub_rn(__fmul_rn(d1, q), m1);
-    }
   } else if constexpr (T == kQ4_K || T == kQ5_K) {
     const float d = h2f(b), dmin = h2f(b + 2);
     int sc, mn;
@@ -189,18 +227,6 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
     const uint8_t* ql = b + 64 * half + (qq & 1) * 32;
     const uint8_t* qh = b + 128 + 32 * half;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * half;
-    const int lsh = (qq / 2) * 4, hsh = 2 * qq;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      const int q = (((ql[l] >> lsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4)) - 32;
-      out[l] = d * sc[l / 16 + 2 * qq] * q;
-    }
-  } else if constexpr (T == kQ6_KX8) {
-    const int sb = j / 8, jj = j % 8, half = jj / 4, qq = jj % 4;
-    const float d = h2f(b + 1664 + 2 * sb);
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 1536 + 16 * sb) + 8 * half;
-    const uint8_t* ql = b + 512 * (qq & 1) + 64 * sb + 32 * half;  // run l / 8 at 8 (l / 8), as qh
-    const uint8_t* qh = b + 1024 + 64 * sb + 32 * half;
     const int lsh = (qq / 2) * 4, hsh = 2 * qq;
 #pragma unroll
     for (int l = 0; l < 32; ++l) {

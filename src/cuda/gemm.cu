@@ -14,31 +14,22 @@ namespace frink::cuda::mm {
 
 namespace {
 
-// Q4_0 rows in the x8 layout (groups of 8 blocks: their 16-byte quants, then their f16 scales)
-// -> f16 [n_rows][n_in], a thread per 8 elements over row_grid(n_in / 8, n_rows): 8 quant bytes
-// in one load, one 16-byte store, so a warp writes 512 contiguous bytes. Elements [8 m, 8 m + 8)
-// of a block are the low (m < 2) or high nibbles of its bytes [8 (m % 2), + 8). The values are
-// dequant32's, (q - 8) d, rounded to f16 as dequant_f16_kernel rounds them. Why: that kernel (a
-// thread per 32-element block, byte loads, a warp's stores 64 bytes apart) ran at about 1 TB/s,
-// 9.8 ms of an 8B Q4_0 pp512 batch's 30 ms of kernels (H200 ncu).
-__global__ void dequant_q4_0x8_f16_kernel(const uint8_t* w, size_t row_bytes, int64_t n_in, int64_t r0,
-                                          int64_t n_rows, __half* out) {
+// Rows in an x8 layout (whole groups or tiles: x8_type) -> f16 [n_rows][n_in], a thread per 8
+// elements (dequant8_x8: one 8-byte quant load) over row_grid(n_in / 8, n_rows), one 16-byte
+// store, so a warp writes 512 contiguous bytes; the values dequant_f16_kernel's. Why: that
+// kernel (a thread per 32-element block, byte loads, a warp's stores 64 bytes apart) ran at
+// about 1 TB/s, 9.8 ms of an 8B Q4_0 pp512 batch's 30 ms of kernels (H200 ncu).
+template <int T>
+__global__ void dequant_x8_f16_kernel(const uint8_t* w, size_t row_bytes, int64_t n_in, int64_t r0, int64_t n_rows,
+                                      __half* out) {
   const int64_t n8 = n_in / 8;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y)
     for (int64_t u = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; u < n8; u += int64_t{gridDim.x} * blockDim.x) {
-      const int64_t s = u / 4;  // the 32-element block
-      const int m = static_cast<int>(u % 4), j = static_cast<int>(s % 8);
-      const uint8_t* g = w + (r0 + r) * row_bytes + (s / 8) * BlockGeom<kQ4_0X8>::kBytes;
-      const uint2 q = *reinterpret_cast<const uint2*>(g + 16 * j + 8 * (m % 2));
-      const float d = __half2float(*reinterpret_cast<const __half*>(g + 128 + 2 * j));
-      const int shift = m < 2 ? 0 : 4;
+      float v[8];
+      dequant8_x8<T>(w + (r0 + r) * row_bytes, u, v);
       alignas(16) __half2 h[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t word = k < 2 ? q.x : q.y, b0 = (word >> (16 * (k % 2))) & 0xFF, b1 = (word >> (16 * (k % 2) + 8)) & 0xFF;
-        h[k] = __floats2half2_rn((static_cast<int>((b0 >> shift) & 0xF) - 8) * d,
-                                 (static_cast<int>((b1 >> shift) & 0xF) - 8) * d);
-      }
+      for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
       reinterpret_cast<uint4*>(out + r * n_in)[u] = *reinterpret_cast<const uint4*>(h);
     }
 }
@@ -94,8 +85,8 @@ H* x_16bit(const MatmulParams& p, bool x_ready) {
 // Rows [r0, r0 + n_rows) of W (rows of row_bytes, n_in wide) -> f16 [n_rows][n_in] at out.
 template <int T>
 void dequant_rows(const MatmulParams& p, const uint8_t* w, int64_t r0, int64_t n_rows, __half* out) {
-  if constexpr (T == kQ4_0X8) {  // rows of whole groups (x8_type): 16-byte aligned, n_in % 256 == 0
-    dequant_q4_0x8_f16_kernel<<<row_grid(p.n_in / 8, n_rows), 256, 0, p.stream>>>(w, p.row_bytes, p.n_in, r0, n_rows, out);
+  if constexpr (kIsX8<T>) {  // rows of whole groups or tiles (x8_type): 16-byte aligned
+    dequant_x8_f16_kernel<T><<<row_grid(p.n_in / 8, n_rows), 256, 0, p.stream>>>(w, p.row_bytes, p.n_in, r0, n_rows, out);
     FRINK_CUDA_CHECK_LAUNCH();
     return;
   }
