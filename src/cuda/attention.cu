@@ -499,8 +499,32 @@ __device__ __forceinline__ void mma_f16_16816(float c[4], const uint32_t a[4], u
 #endif
 }
 
-__device__ __forceinline__ bool f16_unsafe(float4 x) {
-  return fabsf(x.x) > kF16Safe || fabsf(x.y) > kF16Safe || fabsf(x.z) > kF16Safe || fabsf(x.w) > kF16Safe;
+// B fragments of two m16n8k16 products at once: lane l gives the address of row l % 8 of 8x8
+// matrix l / 8 (16 contiguous bytes, 16-byte aligned); r[i] is matrix i's fragment (the lane's
+// row l / 4, columns 2 (l % 4), + 1), which is b0 / b1's layout. One instruction where 32-bit
+// loads took four (ncu: the kernel issued 2767 instructions a warp and tile, 128 of them mma).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#else
+  __trap();
+#endif
+}
+
+// 2^x in one MUFU instruction (2 ulp; 2^-inf = 0). The prefill softmax works in log2 units
+// (logits times log2 e): expf's range reduction took about 8 instructions a weight.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float abs_max4(float4 x) {
+  return fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
 }
 __device__ __forceinline__ float4 mul4(float4 x, float s) { return make_float4(x.x * s, x.y * s, x.z * s, x.w * s); }
 __device__ __forceinline__ void store_half4(__half* dst, float4 x) {  // dst 8-byte aligned
@@ -527,30 +551,33 @@ __device__ __forceinline__ void issue_tile(MmaTile<D>& sm, const AttnParams& p, 
   }
 }
 
-// kraw times mul into the f16 K tile. Returns whether this thread saw a value f16 cannot hold.
-template <int D>
-__device__ __forceinline__ bool convert_k(MmaTile<D>& sm, float mul) {
-  bool big = false;
+// kraw (times kF16Down if kDown) into the f16 K tile. Returns the largest magnitude this
+// thread converted.
+template <int D, bool kDown>
+__device__ __forceinline__ float convert_k(MmaTile<D>& sm) {
+  float big = 0.0f;
   for (int i = threadIdx.x; i < kMmaKeys * D / 4; i += kMmaWarps * 32) {
     const int r = i / (D / 4), c = i % (D / 4);
-    const float4 y = mul4(*reinterpret_cast<const float4*>(&sm.kraw[r][4 * c]), mul);
-    big |= f16_unsafe(y);
+    float4 y = *reinterpret_cast<const float4*>(&sm.kraw[r][4 * c]);
+    if constexpr (kDown) y = mul4(y, kF16Down);
+    big = fmaxf(big, abs_max4(y));
     store_half4(&sm.k[r][4 * c], y);
   }
   return big;
 }
 
-// vraw times mul into the f16 V tile, transposed. A thread takes keys 2 pr, 2 pr + 1 and 4
+// vraw (times kF16Down if kDown) into the f16 V tile, transposed. A thread takes keys 2 pr, 2 pr + 1 and 4
 // columns and stores 4 words (a pair of keys each); lanes: 8 key pairs x 4 column groups.
-template <int D>
-__device__ __forceinline__ bool convert_v(MmaTile<D>& sm, float mul) {
-  bool big = false;
+template <int D, bool kDown>
+__device__ __forceinline__ float convert_v(MmaTile<D>& sm) {
+  float big = 0.0f;
   for (int i = threadIdx.x; i < kMmaKeys / 2 * D / 4; i += kMmaWarps * 32) {
     const int pl = i % 8, rest = i / 8, c = rest % (D / 4);
     const int r = 2 * ((rest / (D / 4)) * 8 + pl);
-    const float4 a = mul4(*reinterpret_cast<const float4*>(&sm.vraw[r][4 * c]), mul);
-    const float4 b = mul4(*reinterpret_cast<const float4*>(&sm.vraw[r + 1][4 * c]), mul);
-    big |= f16_unsafe(a) || f16_unsafe(b);
+    float4 a = *reinterpret_cast<const float4*>(&sm.vraw[r][4 * c]);
+    float4 b = *reinterpret_cast<const float4*>(&sm.vraw[r + 1][4 * c]);
+    if constexpr (kDown) a = mul4(a, kF16Down), b = mul4(b, kF16Down);
+    big = fmaxf(big, fmaxf(abs_max4(a), abs_max4(b)));
     *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 0][r]) = pack_half2(a.x, b.x);
     *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 1][r]) = pack_half2(a.y, b.y);
     *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 2][r]) = pack_half2(a.z, b.z);
@@ -573,6 +600,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
   const int64_t trow[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
   const KeyRange kr[2] = {key_range(p, trow[0]), key_range(p, trow[1])};
   const float slope = p.alibi_slopes ? p.alibi_slopes[h] : 0.0f;
+  const bool plain = slope == 0.0f && !(p.softcap > 0.0f);  // logits are q.k times the scale
 
   // Q (unscaled: p.scale is applied to the f32 product, so a small scale cannot push
   // queries into f16 subnormals) into A fragments for the D / 16 k-steps.
@@ -592,7 +620,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
           const float* s = qsrc + r * p.q_stride + 4 * c;
           x = make_float4(s[0], s[1], s[2], s[3]);
         }
-        big |= f16_unsafe(x);
+        big |= abs_max4(x) > kF16Safe;
         store_half4(&sm.k[r][4 * c], mul4(x, mul));  // x * 1.0f is x exactly
       }
       return big;
@@ -621,17 +649,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
     cp_async_wait_all();
     __syncthreads();  // the tile's f32 rows landed; every warp is done with the previous f16
                       // tiles (and with Q's staging)
-    const bool kbig = __syncthreads_or(convert_k<D>(sm, 1.0f));
-    const bool vbig = __syncthreads_or(convert_v<D>(sm, 1.0f));
+    const float kmax = convert_k<D, false>(sm), vmax = convert_v<D, false>(sm);
     float kmul = 1.0f, vmul = 1.0f;
-    if (kbig || vbig) {  // rare, block-uniform: convert the offending operand again, scaled down
-      if (kbig) {
+    if (__syncthreads_or(kmax > kF16Safe || vmax > kF16Safe)) {
+      // rare, block-uniform: convert the offending operand again, scaled down
+      if (__syncthreads_or(kmax > kF16Safe)) {
         kmul = kF16Down;
-        convert_k<D>(sm, kmul);
+        convert_k<D, true>(sm);
       }
-      if (vbig) {
+      if (__syncthreads_or(vmax > kF16Safe)) {
         vmul = kF16Down;
-        convert_v<D>(sm, vmul);
+        convert_v<D, true>(sm);
       }
       __syncthreads();
     }
@@ -641,20 +669,24 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
       issue_tile<D>(sm, p, hk, j0 + kMmaKeys,
                     static_cast<int>(min(static_cast<int64_t>(kMmaKeys), block_end - j0 - kMmaKeys)));
 
-    // S = Q K^T for this warp's 16 rows x kMmaKeys keys.
+    // S = Q K^T for this warp's 16 rows x kMmaKeys keys. Keys 8 n .. + 7, head dims 32 k2 ..
+    // + 31 as four 8x8 matrices: b0, b1 of k-steps 2 k2 and 2 k2 + 1.
     float s[kMmaKeys / 8][4];
 #pragma unroll
     for (int n = 0; n < kMmaKeys / 8; ++n) {
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&sm.k[8 * n + g][16 * kk + 2 * q4]);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&sm.k[8 * n + g][16 * kk + 2 * q4 + 8]);
-        mma_f16_16816(s[n], qa[kk], b0, b1);
+      for (int k2 = 0; k2 < D / 32; ++k2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, &sm.k[8 * n + lane % 8][32 * k2 + 8 * (lane / 8)]);
+        mma_f16_16816(s[n], qa[2 * k2], b[0], b[1]);
+        mma_f16_16816(s[n], qa[2 * k2 + 1], b[2], b[3]);
       }
     }
-    // Logits as attn_logit has them (scale, softcap, ALiBi), masked to each row's keys; the
-    // tile's max per row (over the quad that shares the row).
+    // Logits as attn_logit has them (scale, softcap, ALiBi), masked to each row's keys, then
+    // times log2 e (the softmax below is in powers of 2); the tile's max per row (over the quad
+    // that shares the row). A tile inside every row's keys of the warp, without softcap or
+    // ALiBi (the common case), is one multiply a logit.
     const float sfac = p.scale / (qmul * kmul);  // powers of two: exact
     // Row r sees tile columns [lo, hi); its ALiBi distance to column col is dpos - col (exact
     // in f32 below 2^24, as the reference's float(pos - j)).
@@ -667,18 +699,30 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
       dpos[r] = static_cast<float>(kr[r].pos - j0);
     }
     float mt[2] = {-INFINITY, -INFINITY};
+    const bool whole = lo[0] == 0 && lo[1] == 0 && hi[0] == kMmaKeys && hi[1] == kMmaKeys;
+    if (__all_sync(0xffffffffu, whole) && plain) {
+      const float f = sfac * kLog2e;
 #pragma unroll
-    for (int n = 0; n < kMmaKeys / 8; ++n)
+      for (int n = 0; n < kMmaKeys / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, col = 8 * n + 2 * q4 + (e % 2);
-        float x = s[n][e] * sfac;
-        if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
-        x -= slope * (dpos[r] - static_cast<float>(col));  // slope 0 without ALiBi
-        x = col >= lo[r] && col < hi[r] ? x : -INFINITY;
-        s[n][e] = x;
-        mt[r] = fmaxf(mt[r], x);
-      }
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= f;
+          mt[e / 2] = fmaxf(mt[e / 2], s[n][e]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kMmaKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, col = 8 * n + 2 * q4 + (e % 2);
+          float x = s[n][e] * sfac;
+          if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
+          x -= slope * (dpos[r] - static_cast<float>(col));  // slope 0 without ALiBi
+          x = col >= lo[r] && col < hi[r] ? x * kLog2e : -INFINITY;
+          s[n][e] = x;
+          mt[r] = fmaxf(mt[r], x);
+        }
+    }
     float corr[2], mu[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -686,7 +730,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
       mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
       const float mn = fmaxf(m[r], mt[r]);
       mu[r] = mn == -INFINITY ? 0.0f : mn;  // a row with no key yet: keep exp() away from NaN
-      corr[r] = expf(m[r] - mu[r]);
+      corr[r] = ex2(m[r] - mu[r]);
       m[r] = mn;
     }
     float rs[2] = {0.0f, 0.0f};
@@ -694,7 +738,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
     for (int n = 0; n < kMmaKeys / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[n][e] = expf(s[n][e] - mu[e / 2]);
+        s[n][e] = ex2(s[n][e] - mu[e / 2]);
         rs[e / 2] += s[n][e];
       }
 #pragma unroll
@@ -717,10 +761,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
       pa[2] = pack_half2(s[2 * kk + 1][0] * ps, s[2 * kk + 1][1] * ps);
       pa[3] = pack_half2(s[2 * kk + 1][2] * ps, s[2 * kk + 1][3] * ps);
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&sm.vt[8 * n + g][16 * kk + 2 * q4]);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&sm.vt[8 * n + g][16 * kk + 2 * q4 + 8]);
-        mma_f16_16816(o[n], pa, b0, b1);
+      for (int n = 0; n < D / 8; n += 2) {  // head dims 8 n .. 8 n + 15: b0, b1 of n and n + 1
+        uint32_t b[4];
+        ldmatrix_x4(b, &sm.vt[8 * (n + lane / 16) + lane % 8][16 * kk + 8 * ((lane / 8) % 2)]);
+        mma_f16_16816(o[n], pa, b[0], b[1]);
+        mma_f16_16816(o[n + 1], pa, b[2], b[3]);
       }
     }
   }
@@ -732,10 +777,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     if (trow[r] >= p.n_tok) continue;
     float c = 1.0f, ll = l[r];
-    if (p.sinks) {
-      const float sink = p.sinks[h], mm = fmaxf(m[r], sink);
-      c = expf(m[r] - mm);
-      ll = ll * c + expf(sink - mm);
+    if (p.sinks) {  // m is in log2 units
+      const float sink = p.sinks[h] * kLog2e, mm = fmaxf(m[r], sink);
+      c = ex2(m[r] - mm);
+      ll = ll * c + ex2(sink - mm);
     }
     const float f = c / ll;
     float* out = p.out + trow[r] * p.n_head * D + h * D;
