@@ -454,34 +454,51 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
-// Causal prefill on tensor cores (flash-attention 2's loop): grid (ceil(n_tok / kMmaRows),
-// n_head), kMmaWarps warps; warp w owns query rows t0 + 16 w .. + 15 and the block walks its
-// keys in tiles of kMmaKeys. Each K/V tile lands in shared memory as f32 by cp.async (the
-// next tile's copies are issued before the current tile's products, so its memory latency
-// hides behind them), then is converted to f16 tiles; Q is converted once. S = Q K^T and O += P V are mma.sync m16n8k16 (f16 in,
-// f32 accumulate); scale, softcap, ALiBi, masks (causal, window) and the online softmax act
-// on the S fragments in f32; P goes to f16 for the P V product straight from the S registers
-// (an m16n8 accumulator pair is an m16k16 A fragment). Fragment layouts (PTX ISA, mma.m16n8k16,
-// g = lane / 4, q = lane % 4): A a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..), a3 (g+8,
+// Causal prefill on tensor cores (flash-attention 2's loop), in two launches:
+// - kv16_kernel converts the K/V mirror rows the batch reads to f16 once, into the attention
+//   scratch (AttnParams::partial): per KV head, tiles of kMmaKeys keys, each [key][D] and
+//   contiguous, keys past the mirror's rows zero. Every query block of every head of a group
+//   reads each tile (32 blocks at an 8B pp512), and the attention kernel converted it itself
+//   until ncu showed the conversions to be most of its instructions.
+// - attn_prefill_mma_kernel: grid (ceil(n_tok / kMmaRows), n_head), kMmaWarps warps; warp w
+//   owns query rows t0 + 16 w .. + 15 and the block walks its keys in tiles of kMmaKeys
+//   aligned to multiples of kMmaKeys, double-buffered in shared memory by cp.async (the next
+//   tile's copies are in flight while the current tile's products run). Q is converted once.
+// S = Q K^T and O += P V are mma.sync m16n8k16 (f16 in, f32 accumulate); scale, softcap,
+// ALiBi, masks (causal, window) and the online softmax act on the S fragments in f32 (log2
+// units); P goes to f16 for the P V product straight from the S registers (an m16n8
+// accumulator pair is an m16k16 A fragment). Fragment layouts (PTX ISA, mma.m16n8k16, g =
+// lane / 4, q = lane % 4): A a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..), a3 (g+8,
 // 2q+8..); B b0 (k = 2q..2q+1, n = g), b1 (k = 2q+8.., n = g); C c0,c1 (g, 2q..2q+1), c2,c3
-// (g+8, 2q..2q+1). K is kept [key][d] (B = K^T: b0 is two consecutive d of one key), V
-// transposed [d][key] (b0 is two consecutive keys of one d), both as 32-bit words.
-// f16 range: a tile (or Q) holding a value beyond kF16Safe is staged scaled by 2^-15 and the
-// product scaled back in f32 (P is then staged x 2^15, which stays below 65504), so values up
-// to ~2e9 are safe; beyond that f16 gives inf. The scaling is decided per block with
-// __syncthreads_or, so the common case costs one comparison per element.
+// (g+8, 2q..2q+1). K and V tiles are [key][d]: K's B fragments by ldmatrix, V's by
+// ldmatrix.trans (b0 is then two consecutive keys of one d).
+// f16 range: a tile (or Q) holding a value beyond kF16Safe is stored scaled by 2^-15 (a flag
+// per KV head, tile and operand) and the product scaled back in f32 (P is then staged x 2^15,
+// which stays below 65504), so values up to ~2e9 are safe; beyond that f16 gives inf.
 constexpr int kMmaWarps = 4, kMmaRows = 16 * kMmaWarps, kMmaKeys = 64;
 constexpr float kF16Safe = 60000.0f, kF16Down = 1.0f / 32768.0f, kF16Up = 32768.0f;
 
 template <int D>
 struct MmaTile {
-  float kraw[kMmaKeys][D + 4];  // the next K/V tile as f32 rows (cp.async): rows padded by 4
-  float vraw[kMmaKeys][D + 4];  // floats (16-byte aligned) so V's paired-row reads spread banks
-  __half k[kMmaKeys][D + 8];    // Q first, then each K tile; stride D + 8 halves = 4 mod 32 words:
-                                // the 8 row groups x 4 lanes of a fragment load hit 32 banks
-  __half vt[D][kMmaKeys + 8];   // V tile transposed; same padding argument (36 words)
+  // Two K/V tiles (the current one and the next in flight). Rows of D + 8 halves (4 mod 32
+  // words): the 8 rows of an ldmatrix phase hit 32 banks. Q is staged in k[1] first.
+  __half k[2][kMmaKeys][D + 8];
+  __half v[2][kMmaKeys][D + 8];
 };
-static_assert(kMmaRows == kMmaKeys, "Q is staged in the K tile's buffer");
+static_assert(kMmaRows == kMmaKeys, "Q is staged in a K tile's buffer");
+
+// The f16 copy in the scratch: per KV head, n_tiles tiles of K, then of V (kMmaKeys x D
+// halves each), then a byte per KV head and tile: bit 0 K, bit 1 V stored x kF16Down.
+__host__ __device__ inline int64_t kv16_tiles(int64_t max_keys) { return (max_keys + kMmaKeys - 1) / kMmaKeys; }
+template <int D>
+__device__ __forceinline__ __half* kv16_tile(const AttnParams& p, int64_t hk, int64_t tile, int which) {
+  const int64_t nt = kv16_tiles(p.max_keys);
+  return reinterpret_cast<__half*>(p.partial) + ((2 * hk + which) * nt + tile) * kMmaKeys * D;
+}
+template <int D>
+__device__ __forceinline__ uint8_t* kv16_flags(const AttnParams& p) {
+  return reinterpret_cast<uint8_t*>(kv16_tile<D>(p, p.n_head_kv, 0, 0));
+}
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);  // lo in the low 16 bits: the lower column/row index
@@ -501,14 +518,22 @@ __device__ __forceinline__ void mma_f16_16816(float c[4], const uint32_t a[4], u
 
 // B fragments of two m16n8k16 products at once: lane l gives the address of row l % 8 of 8x8
 // matrix l / 8 (16 contiguous bytes, 16-byte aligned); r[i] is matrix i's fragment (the lane's
-// row l / 4, columns 2 (l % 4), + 1), which is b0 / b1's layout. One instruction where 32-bit
-// loads took four (ncu: the kernel issued 2767 instructions a warp and tile, 128 of them mma).
+// row l / 4, columns 2 (l % 4), + 1), which is b0 / b1's layout; kTrans: matrix i transposed
+// (rows 2 (l % 4), + 1 of column l / 4), the B fragment of a [k][n] tile stored k-major. One
+// instruction where 32-bit loads took four (ncu: the kernel issued 2767 instructions a warp and
+// tile, 128 of them mma).
+template <bool kTrans>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 #else
   __trap();
 #endif
@@ -531,64 +556,58 @@ __device__ __forceinline__ void store_half4(__half* dst, float4 x) {  // dst 8-b
   *reinterpret_cast<uint2*>(dst) = make_uint2(pack_half2(x.x, x.y), pack_half2(x.z, x.w));
 }
 
-// Rows [0, n_rows) of the K and V tiles starting at key j0 (KV head hk) into kraw / vraw by
-// cp.async (each thread's copies in flight at once, no registers held); rows past n_rows are
-// zeros. Completed by cp_async_wait_all and a barrier.
+// kv16_kernel: grid (kv16_tiles(max_keys), n_head_kv), kKv16Threads; the tiles that hold
+// keys of [first key of token 0, pos0 + n_tok) only. A thread loads its share of the tile's
+// K and V (16 floats each at D 128) before the block decides each operand's scale.
+constexpr int kKv16Threads = 256;
 template <int D>
-__device__ __forceinline__ void issue_tile(MmaTile<D>& sm, const AttnParams& p, int64_t hk, int64_t j0, int n_rows) {
-  const int64_t kw = p.n_head_kv * D;  // head_dim_k == head_dim_v == D
-  const float* ksrc = p.k + j0 * kw + hk * D;
-  const float* vsrc = p.v + j0 * kw + hk * D;
-  for (int i = threadIdx.x; i < kMmaKeys * D / 4; i += kMmaWarps * 32) {
-    const int r = i / (D / 4), c = i % (D / 4);
-    if (r < n_rows) {
-      cp_async16(&sm.kraw[r][4 * c], ksrc + r * kw + 4 * c);
-      cp_async16(&sm.vraw[r][4 * c], vsrc + r * kw + 4 * c);
-    } else {
-      *reinterpret_cast<float4*>(&sm.kraw[r][4 * c]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      *reinterpret_cast<float4*>(&sm.vraw[r][4 * c]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+__global__ void __launch_bounds__(kKv16Threads) kv16_kernel(AttnParams p) {
+  constexpr int kPer = kMmaKeys * D / 4 / kKv16Threads;  // float4 a thread and operand
+  const int64_t tile = blockIdx.x, hk = blockIdx.y, j0 = tile * kMmaKeys;
+  const int64_t first = key_range(p, 0).first, end = key_range(p, p.n_tok - 1).end;
+  if (j0 + kMmaKeys <= first || j0 >= end) return;  // block-uniform
+  const int64_t kw = p.n_head_kv * D;
+  float4 kx[kPer], vx[kPer];
+  float kmax = 0.0f, vmax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int i = threadIdx.x + e * kKv16Threads, r = i / (D / 4), c = i % (D / 4);
+    kx[e] = vx[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (j0 + r < end) {
+      kx[e] = *reinterpret_cast<const float4*>(p.k + (j0 + r) * kw + hk * D + 4 * c);
+      vx[e] = *reinterpret_cast<const float4*>(p.v + (j0 + r) * kw + hk * D + 4 * c);
     }
+    kmax = fmaxf(kmax, abs_max4(kx[e]));
+    vmax = fmaxf(vmax, abs_max4(vx[e]));
   }
+  const bool kdown = __syncthreads_or(kmax > kF16Safe), vdown = __syncthreads_or(vmax > kF16Safe);
+  __half* kd = kv16_tile<D>(p, hk, tile, 0);
+  __half* vd = kv16_tile<D>(p, hk, tile, 1);
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int i = threadIdx.x + e * kKv16Threads;
+    store_half4(kd + 4 * i, kdown ? mul4(kx[e], kF16Down) : kx[e]);
+    store_half4(vd + 4 * i, vdown ? mul4(vx[e], kF16Down) : vx[e]);
+  }
+  if (threadIdx.x == 0) kv16_flags<D>(p)[hk * kv16_tiles(p.max_keys) + tile] = (kdown ? 1 : 0) | (vdown ? 2 : 0);
 }
 
-// kraw (times kF16Down if kDown) into the f16 K tile. Returns the largest magnitude this
-// thread converted.
-template <int D, bool kDown>
-__device__ __forceinline__ float convert_k(MmaTile<D>& sm) {
-  float big = 0.0f;
-  for (int i = threadIdx.x; i < kMmaKeys * D / 4; i += kMmaWarps * 32) {
-    const int r = i / (D / 4), c = i % (D / 4);
-    float4 y = *reinterpret_cast<const float4*>(&sm.kraw[r][4 * c]);
-    if constexpr (kDown) y = mul4(y, kF16Down);
-    big = fmaxf(big, abs_max4(y));
-    store_half4(&sm.k[r][4 * c], y);
+// Tile `tile` of KV head hk from the f16 copy into buffer b (cp.async; completed by
+// cp_async_wait_all and a barrier).
+template <int D>
+__device__ __forceinline__ void issue_tile(MmaTile<D>& sm, int b, const AttnParams& p, int64_t hk, int64_t tile) {
+  const __half* ks = kv16_tile<D>(p, hk, tile, 0);
+  const __half* vs = kv16_tile<D>(p, hk, tile, 1);
+  for (int i = threadIdx.x; i < kMmaKeys * D / 8; i += kMmaWarps * 32) {
+    const int r = i / (D / 8), c = i % (D / 8);
+    cp_async16(&sm.k[b][r][8 * c], ks + 8 * i);
+    cp_async16(&sm.v[b][r][8 * c], vs + 8 * i);
   }
-  return big;
-}
-
-// vraw (times kF16Down if kDown) into the f16 V tile, transposed. A thread takes keys 2 pr, 2 pr + 1 and 4
-// columns and stores 4 words (a pair of keys each); lanes: 8 key pairs x 4 column groups.
-template <int D, bool kDown>
-__device__ __forceinline__ float convert_v(MmaTile<D>& sm) {
-  float big = 0.0f;
-  for (int i = threadIdx.x; i < kMmaKeys / 2 * D / 4; i += kMmaWarps * 32) {
-    const int pl = i % 8, rest = i / 8, c = rest % (D / 4);
-    const int r = 2 * ((rest / (D / 4)) * 8 + pl);
-    float4 a = *reinterpret_cast<const float4*>(&sm.vraw[r][4 * c]);
-    float4 b = *reinterpret_cast<const float4*>(&sm.vraw[r + 1][4 * c]);
-    if constexpr (kDown) a = mul4(a, kF16Down), b = mul4(b, kF16Down);
-    big = fmaxf(big, fmaxf(abs_max4(a), abs_max4(b)));
-    *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 0][r]) = pack_half2(a.x, b.x);
-    *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 1][r]) = pack_half2(a.y, b.y);
-    *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 2][r]) = pack_half2(a.z, b.z);
-    *reinterpret_cast<uint32_t*>(&sm.vt[4 * c + 3][r]) = pack_half2(a.w, b.w);
-  }
-  return big;
 }
 
 template <int D>
 __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnParams p) {
-  extern __shared__ float4 mma_smem_raw[];  // dynamic: over 48 KiB with the f32 staging
+  extern __shared__ float4 mma_smem_raw[];  // dynamic: over 48 KiB
   MmaTile<D>& sm = *reinterpret_cast<MmaTile<D>*>(mma_smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
   const int64_t h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
@@ -606,10 +625,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
   // queries into f16 subnormals) into A fragments for the D / 16 k-steps.
   uint32_t qa[D / 16][4];
   float qmul = 1.0f;
-  issue_tile<D>(sm, p, hk, block_first, static_cast<int>(min(static_cast<int64_t>(kMmaKeys), block_end - block_first)));
+  const int64_t tile0 = block_first / kMmaKeys, tile_end = (block_end + kMmaKeys - 1) / kMmaKeys;
+  const uint8_t* flags = kv16_flags<D>(p) + hk * kv16_tiles(p.max_keys);
+  issue_tile<D>(sm, 0, p, hk, tile0);
   {
     const float* qsrc = p.q + t0 * p.q_stride + h * D;
-    // Q times mul into sm.k as f16; whether this thread saw a value beyond f16's safe range.
+    // Q times mul into sm.k[1] as f16; whether this thread saw a value beyond f16's safe range.
     // Q rows need not be 16-byte aligned (q_stride is the caller's): scalar loads.
     const auto stage_q = [&](float mul) {
       bool big = false;
@@ -621,7 +642,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
           x = make_float4(s[0], s[1], s[2], s[3]);
         }
         big |= abs_max4(x) > kF16Safe;
-        store_half4(&sm.k[r][4 * c], mul4(x, mul));  // x * 1.0f is x exactly
+        store_half4(&sm.k[1][r][4 * c], mul4(x, mul));  // x * 1.0f is x exactly
       }
       return big;
     };
@@ -633,10 +654,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
     const int rw = warp * 16;
 #pragma unroll
     for (int s = 0; s < D / 16; ++s) {
-      qa[s][0] = *reinterpret_cast<const uint32_t*>(&sm.k[rw + g][16 * s + 2 * q4]);
-      qa[s][1] = *reinterpret_cast<const uint32_t*>(&sm.k[rw + g + 8][16 * s + 2 * q4]);
-      qa[s][2] = *reinterpret_cast<const uint32_t*>(&sm.k[rw + g][16 * s + 2 * q4 + 8]);
-      qa[s][3] = *reinterpret_cast<const uint32_t*>(&sm.k[rw + g + 8][16 * s + 2 * q4 + 8]);
+      qa[s][0] = *reinterpret_cast<const uint32_t*>(&sm.k[1][rw + g][16 * s + 2 * q4]);
+      qa[s][1] = *reinterpret_cast<const uint32_t*>(&sm.k[1][rw + g + 8][16 * s + 2 * q4]);
+      qa[s][2] = *reinterpret_cast<const uint32_t*>(&sm.k[1][rw + g][16 * s + 2 * q4 + 8]);
+      qa[s][3] = *reinterpret_cast<const uint32_t*>(&sm.k[1][rw + g + 8][16 * s + 2 * q4 + 8]);
     }
   }
 
@@ -645,29 +666,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's columns only
 
-  for (int64_t j0 = block_first; j0 < block_end; j0 += kMmaKeys) {
+  for (int64_t tile = tile0; tile < tile_end; ++tile) {
+    const int b = static_cast<int>((tile - tile0) % 2);
+    const int64_t j0 = tile * kMmaKeys;
+    const int fl = flags[tile];
     cp_async_wait_all();
-    __syncthreads();  // the tile's f32 rows landed; every warp is done with the previous f16
-                      // tiles (and with Q's staging)
-    const float kmax = convert_k<D, false>(sm), vmax = convert_v<D, false>(sm);
-    float kmul = 1.0f, vmul = 1.0f;
-    if (__syncthreads_or(kmax > kF16Safe || vmax > kF16Safe)) {
-      // rare, block-uniform: convert the offending operand again, scaled down
-      if (__syncthreads_or(kmax > kF16Safe)) {
-        kmul = kF16Down;
-        convert_k<D, true>(sm);
-      }
-      if (__syncthreads_or(vmax > kF16Safe)) {
-        vmul = kF16Down;
-        convert_v<D, true>(sm);
-      }
-      __syncthreads();
-    }
-    // kraw / vraw are free (every thread is past its conversions): the next tile's copies
-    // now, in flight while this tile's products run.
-    if (j0 + kMmaKeys < block_end)
-      issue_tile<D>(sm, p, hk, j0 + kMmaKeys,
-                    static_cast<int>(min(static_cast<int64_t>(kMmaKeys), block_end - j0 - kMmaKeys)));
+    __syncthreads();  // the tile landed; every warp is done with the other buffer's tile (and
+                      // with Q's staging in it)
+    if (tile + 1 < tile_end) issue_tile<D>(sm, b ^ 1, p, hk, tile + 1);  // in flight during this tile
+    const float kmul = fl & 1 ? kF16Down : 1.0f, vmul = fl & 2 ? kF16Down : 1.0f;
 
     // S = Q K^T for this warp's 16 rows x kMmaKeys keys. Keys 8 n .. + 7, head dims 32 k2 ..
     // + 31 as four 8x8 matrices: b0, b1 of k-steps 2 k2 and 2 k2 + 1.
@@ -677,10 +684,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
       for (int k2 = 0; k2 < D / 32; ++k2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, &sm.k[8 * n + lane % 8][32 * k2 + 8 * (lane / 8)]);
-        mma_f16_16816(s[n], qa[2 * k2], b[0], b[1]);
-        mma_f16_16816(s[n], qa[2 * k2 + 1], b[2], b[3]);
+        uint32_t kb[4];
+        ldmatrix_x4<false>(kb, &sm.k[b][8 * n + lane % 8][32 * k2 + 8 * (lane / 8)]);
+        mma_f16_16816(s[n], qa[2 * k2], kb[0], kb[1]);
+        mma_f16_16816(s[n], qa[2 * k2 + 1], kb[2], kb[3]);
       }
     }
     // Logits as attn_logit has them (scale, softcap, ALiBi), masked to each row's keys, then
@@ -761,11 +768,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
       pa[2] = pack_half2(s[2 * kk + 1][0] * ps, s[2 * kk + 1][1] * ps);
       pa[3] = pack_half2(s[2 * kk + 1][2] * ps, s[2 * kk + 1][3] * ps);
 #pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {  // head dims 8 n .. 8 n + 15: b0, b1 of n and n + 1
-        uint32_t b[4];
-        ldmatrix_x4(b, &sm.vt[8 * (n + lane / 16) + lane % 8][16 * kk + 8 * ((lane / 8) % 2)]);
-        mma_f16_16816(o[n], pa, b[0], b[1]);
-        mma_f16_16816(o[n + 1], pa, b[2], b[3]);
+      for (int n = 0; n < D / 8; n += 2) {  // keys 16 kk .. + 15, head dims 8 n .. + 15: b0, b1 of n, n + 1
+        uint32_t vb[4];
+        ldmatrix_x4<true>(vb, &sm.v[b][16 * kk + 8 * ((lane / 8) % 2) + lane % 8][8 * (n + lane / 16)]);
+        mma_f16_16816(o[n], pa, vb[0], vb[1]);
+        mma_f16_16816(o[n + 1], pa, vb[2], vb[3]);
       }
     }
   }
@@ -1151,7 +1158,13 @@ bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_
   return n_tok >= kAttnMmaMinTok && head_dim_k == head_dim_v && (head_dim_k == 64 || head_dim_k == 128);
 }
 
-size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v) {
+size_t attn_scratch_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t n_head_kv, int64_t head_dim_k,
+                           int64_t head_dim_v) {
+  if (!attn_uses_split_k(n_tok, head_dim_k, head_dim_v)) {
+    if (!attn_uses_tensor_cores(n_tok, head_dim_k, head_dim_v)) return 0;
+    const int64_t tiles = n_head_kv * kv16_tiles(max_keys);  // f16 K and V: a float a key and dim
+    return static_cast<size_t>(tiles * kMmaKeys * head_dim_k + (tiles + 3) / 4);  // + the flag bytes
+  }
   // The smallest split a batch of n_tok may take: for decode, the decode kernel's tile
   // (decode_tile_keys) or the fallback kernel's split_keys, whichever is smaller.
   const int64_t chunk = n_tok < kAttnPrefillMinTok ? std::min(split_keys(n_tok), decode_tile_keys(max_keys))
@@ -1267,7 +1280,7 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
   sp.key_sets = four;
   sp.resident = take(32);
   sp.chunk = four ? 0 : kAttnChunk;
-  if (four)  // at most the splits attn_partial_floats makes room for (kAttnChunk keys each)
+  if (four)  // at most the splits attn_scratch_floats makes room for (kAttnChunk keys each)
     sp.even_splits = std::clamp<int64_t>(sp.resident / (p.n_head / sp.hb * p.n_tok), 1, n_split_for(p.max_keys, kAttnChunk));
   return sp;
 }
@@ -1317,11 +1330,15 @@ void launch_attention(const AttnParams& p) {
     const size_t mma_smem = p.head_dim_k == 64 ? sizeof(MmaTile<64>) : sizeof(MmaTile<128>);
     if (attn_uses_tensor_cores(p.n_tok, p.head_dim_k, p.head_dim_v) && dl.major >= 8 && rows16 &&
         mma_smem <= static_cast<size_t>(dl.smem_optin)) {
+      FRINK_CUDA_CHECK(p.partial ? cudaSuccess : cudaErrorInvalidValue);  // the f16 copy's scratch
       const unsigned n_blk = static_cast<unsigned>((p.n_tok + kMmaRows - 1) / kMmaRows);
+      const dim3 kv_grid(static_cast<unsigned>(kv16_tiles(p.max_keys)), static_cast<unsigned>(p.n_head_kv));
       if (p.head_dim_k == 64) {
+        kv16_kernel<64><<<kv_grid, kKv16Threads, 0, p.stream>>>(p);
         opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<64>), sizeof(MmaTile<64>), kMma64Slot, dl);
         attn_prefill_mma_kernel<64><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<64>), p.stream>>>(p);
       } else {
+        kv16_kernel<128><<<kv_grid, kKv16Threads, 0, p.stream>>>(p);
         opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<128>), sizeof(MmaTile<128>), kMma128Slot, dl);
         attn_prefill_mma_kernel<128><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<128>), p.stream>>>(p);
       }

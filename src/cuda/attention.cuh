@@ -21,7 +21,7 @@ namespace frink::cuda {
 // attn_split): small, so a long context gives
 // thousands of blocks each costing one memory round trip (decode at depth is then bandwidth
 // bound). Larger batches that take split-K (head dims above 128) use 8 such tiles per split,
-// as the partial scratch grows with n_tok x splits; attn_partial_floats has the sizing.
+// as the partial scratch grows with n_tok x splits; attn_scratch_floats has the sizing.
 inline constexpr int64_t kAttnChunk = 64;
 inline constexpr int64_t kAttnMaxHeadDim = 256;
 // Batches of at least this many queries (and head dims up to 128) take the tiled prefill
@@ -52,7 +52,7 @@ struct AttnParams {
   const float* alibi_slopes = nullptr;  // [n_head] or null: score -= slope[h] * (pos - j)
   const float* sinks = nullptr;         // [n_head] or null: an extra logit in each softmax's
                                         // denominator (gpt-oss), weighting no value
-  float* partial = nullptr;   // scratch of attn_partial_floats(...) floats
+  float* partial = nullptr;   // scratch of attn_scratch_floats(...) floats
   // Optional (null: off): out ALSO as Q8_0 blocks, in the layout the next product reads them
   // (matmul.cuh q8_0_act, n_in = n_head * head_dim_v): out_q8 int8 [n_tok][n_head * head_dim_v],
   // out_d8 f32 [n_tok][n_head * head_dim_v / 32], from out's values with act_prep.cu's
@@ -87,8 +87,11 @@ bool attn_writes_q8k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v, int6
 // device is sm_80+ and the mirrors 16-byte aligned; otherwise the f32 tiled kernel). Features
 // (windows, ALiBi, sinks, softcap, GQA) are all handled there.
 bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
-// Scratch floats the split-K partials need for a grid sized by max_keys.
-size_t attn_partial_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t head_dim_v);
+// Scratch floats (AttnParams::partial) a batch of this shape needs for a grid sized by
+// max_keys: the split-K partials, or the tensor-core prefill's f16 copy of the K/V rows it
+// reads (none for the f32 tiled kernel).
+size_t attn_scratch_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t n_head_kv, int64_t head_dim_k,
+                           int64_t head_dim_v);
 // Keys per tile and per split that launch_attention gives a split-K batch with these
 // parameters on the current device: for decode batches one tile of 16 or 32 at short contexts
 // (grids of at most 32 such splits), two of 32 between, and against the longest contexts

@@ -450,8 +450,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     o_w = std::max(o_w, p.n_head * p.head_dim_v);
     ff = std::max(ff, 2 * p.n_ff);
     max_in = std::max({max_in, o_w, p.n_ff, p.ffn == FfnKind::kMoe ? p.moe.n_ff_shexp : int64_t{0}});
-    if (attn_uses_split_k(n_tok, p.head_dim_k, p.head_dim_v))  // the tiled prefill kernel needs none
-      part = std::max(part, static_cast<int64_t>(attn_partial_floats(n_tok, pos0 + n_tok, p.n_head, p.head_dim_v)));
+    part = std::max(part, static_cast<int64_t>(attn_scratch_floats(n_tok, pos0 + n_tok, p.n_head, p.n_head_kv,
+                                                                    p.head_dim_k, p.head_dim_v)));
   }
   const auto fl = [n_tok](int64_t w) { return static_cast<size_t>(n_tok * w) * sizeof(float); };
   x_.ensure(fl(hp.n_embd));
@@ -1152,7 +1152,7 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
     KvCache& cache = *caches[static_cast<size_t>(il)];
     FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
     runs[static_cast<size_t>(il)].kv = &ready_mirror(cache, p, 1);
-    part = std::max(part, attn_partial_floats(1, max_keys, p.n_head, p.head_dim_v));
+    part = std::max(part, attn_scratch_floats(1, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
   }
   partial_.ensure(part * sizeof(float));
   logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));

@@ -88,7 +88,7 @@ double run_case(std::mt19937& rng, const Case& c) {
         ref[static_cast<size_t>((t * c.n_head + h) * c.hd + i)] = static_cast<float>(o[static_cast<size_t>(i)] / sum);
     }
   Dev<float> dq(q), dk(k), dv(v), dout(std::vector<float>(ref.size(), -1e30f)),
-      part(std::vector<float>(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd), 10.0f));
+      part(std::vector<float>(cuda::attn_scratch_floats(c.n_tok, max_keys, c.n_head, c.n_head_kv, c.hd, c.hd), 10.0f));
   // part holds plausible leftovers (m = l = acc = 10), as the engine's scratch does from
   // earlier layers: a merge that read a split nobody wrote would take them in.
   Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
@@ -174,7 +174,7 @@ TEST(CudaAttention, LongContextEvenSplitsMatchReference) {
     ASSERT_GT(sp.even_splits, 0) << describe(c);
     // Every split's partial fits the scratch the engine sizes for this grid.
     ASSERT_LE(static_cast<size_t>(sp.even_splits * c.n_tok * c.n_head * (2 + c.hd)),
-              cuda::attn_partial_floats(c.n_tok, c.max_keys, c.n_head, c.hd))
+              cuda::attn_scratch_floats(c.n_tok, c.max_keys, c.n_head, c.n_head_kv, c.hd, c.hd))
         << describe(c);
     const double e = run_case(rng, c);
     std::printf("decode  %s: nmse %.3g (even splits)\n", describe(c).c_str(), e);

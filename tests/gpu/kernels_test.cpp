@@ -622,7 +622,7 @@ TEST(CudaKernels, AttentionMergeWritesRoundedOutput) {
       const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd, n_in = c.n_head * c.hd, n_x = c.n_tok * n_in;
       const int64_t max_keys = c.max_keys ? c.max_keys : n_keys, n_out = 24;
       Dev<float> dq(random_floats(rng, n_x)), dk(random_floats(rng, n_keys * kw)), dv(random_floats(rng, n_keys * kw)),
-          part(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd)), out1(static_cast<size_t>(n_x)),
+          part(cuda::attn_scratch_floats(c.n_tok, max_keys, c.n_head, c.n_head_kv, c.hd, c.hd)), out1(static_cast<size_t>(n_x)),
           out2(static_cast<size_t>(n_x)), dround(static_cast<size_t>(n_x)), act(static_cast<size_t>(n_x)),
           y1(static_cast<size_t>(c.n_tok * n_out)), y2(static_cast<size_t>(c.n_tok * n_out));
       Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
@@ -702,7 +702,7 @@ TEST(CudaKernels, AttentionMergeWritesQ8BlocksOfItsOutput) {
       auto v = random_floats(rng, n_keys * kw);
       for (int64_t j = 0; j < n_keys; ++j) std::fill_n(v.begin() + j * kw, c.hd, 0.0f);  // KV head 0's values
       Dev<float> dq(random_floats(rng, n_x)), dk(random_floats(rng, n_keys * kw)), dv(v),
-          dsinks(random_floats(rng, c.n_head, 2.0f)), part(cuda::attn_partial_floats(c.n_tok, max_keys, c.n_head, c.hd)),
+          dsinks(random_floats(rng, c.n_head, 2.0f)), part(cuda::attn_scratch_floats(c.n_tok, max_keys, c.n_head, c.n_head_kv, c.hd, c.hd)),
           out1(static_cast<size_t>(n_x)), out2(static_cast<size_t>(n_x)), dd8(static_cast<size_t>(n_d));
       Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)}),
           dsum(std::vector<int32_t>(static_cast<size_t>(n_x / 32), 12345));
