@@ -41,41 +41,6 @@ __device__ __forceinline__ float q8k_signed_max(const float (&v)[8], float& amax
   return mx;
 }
 
-// Q8 blocks (32) and Q8_K blocks (256): one warp per block, lane j holding elements
-// j + 32 k, so loads and stores are coalesced (v1 gave each thread a whole block and read it
-// serially: 65 us per 4096 x 512 activation on the H200, 14% of a pp512 batch). The
-// arithmetic is the host's, element for element; only the reductions are parallel, and
-// max is exact in any order. Q8_K takes the signed value of the FIRST element of largest
-// magnitude (the host's strict '>'), so ties break to the lowest index here too.
-template <int BS>
-__global__ void act_round_block_kernel(const float* x, int64_t x_stride, int64_t n_in, int64_t n_tok, float* out) {
-  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
-  constexpr int kPer = BS / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t n_blk = n_in / BS;
-  const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  if (g >= n_blk * n_tok) return;
-  const int64_t t = g / n_blk, b = g % n_blk;
-  const float* xs = x + t * x_stride + b * BS;
-  float* o = out + t * n_in + b * BS;
-  float v[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) v[k] = xs[lane + 32 * k];
-  if constexpr (BS == 32) {
-    float amax = fabsf(v[0]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const Q8Rule r = q8_0_rule(amax);
-    o[lane] = roundf(v[0] * r.inv) * r.d;
-  } else {
-    float amax;
-    const float mx = q8k_signed_max(v, amax);
-    const float iscale = q8k_iscale(amax, mx), d = q8k_scale(amax, iscale);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) o[lane + 32 * k] = q8k_quant_f(v[k], amax, iscale) * d;
-  }
-}
-
 // dp4a path (Q4_0, Q8_0; used when act_round is given): x is quantized once per matmul to
 // int8 Q8_0 blocks with the host's rule (d = amax/127, q = roundf(x/d), d kept as f16), then
 // one warp per row dots 4-byte chunks of weight quants with the int8 activation (__dp4a) and
@@ -114,6 +79,47 @@ struct Unkept {
   __device__ float operator()(int64_t t, int64_t e) const { return src(t, e); }
   __device__ void keep(int64_t, int64_t, float) const {}
 };
+
+// Q8 blocks (32) and Q8_K blocks (256): one warp per block, lane j holding elements
+// j + 32 k, so loads and stores are coalesced (v1 gave each thread a whole block and read it
+// serially: 65 us per 4096 x 512 activation on the H200, 14% of a pp512 batch). The
+// arithmetic is the host's, element for element; only the reductions are parallel, and
+// max is exact in any order. Q8_K takes the signed value of the FIRST element of largest
+// magnitude (the host's strict '>'), so ties break to the lowest index here too.
+// O: float (the rounded values), or __half: their f16 copy, which the quantized types' cuBLAS
+// path reads (gemm.cu's x_16bit, the same conversion), where a second launch converted the f32
+// copy (1.5 ms of an 8B Q4_0 pp512 batch's 30 ms of kernels, H200 ncu).
+template <int BS, typename Src, typename O>
+__global__ void act_round_block_kernel(Src src, int64_t n_in, int64_t n_tok, O* out) {
+  dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
+  constexpr int kPer = BS / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t n_blk = n_in / BS;
+  const int64_t g = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  if (g >= n_blk * n_tok) return;
+  const int64_t t = g / n_blk, b = g % n_blk;
+  O* o = out + t * n_in + b * BS;
+  const auto put = [](float v) {
+    if constexpr (std::is_same_v<O, __half>) return __float2half_rn(v);
+    else return v;
+  };
+  float v[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) v[k] = src(t, b * BS + lane + 32 * k);
+  if constexpr (BS == 32) {
+    float amax = fabsf(v[0]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const Q8Rule r = q8_0_rule(amax);
+    o[lane] = put(roundf(v[0] * r.inv) * r.d);
+  } else {
+    float amax;
+    const float mx = q8k_signed_max(v, amax);
+    const float iscale = q8k_iscale(amax, mx), d = q8k_scale(amax, iscale);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) o[lane + 32 * k] = put(q8k_quant_f(v[k], amax, iscale) * d);
+  }
+}
 
 // f16/bf16 rounding (round16_rule.cuh, stored as O) of src's [n_tok][n_in] values: one thread
 // per element, 256 a block, over row_grid (GluNormSource: a block holds 256 elements of one
@@ -336,19 +342,26 @@ void as16(bool bf16, void* out, F&& f) {
   else f(static_cast<__half*>(out));
 }
 
-void launch_act_round(const MatmulParams& p, ActRound kind) {
+// src's Q8 (kind kActQ8Blocks) or Q8_K rounding into out (f32 or f16).
+template <typename Src, typename O>
+void launch_round_blocks(Src src, int64_t n_in, int64_t n_tok, ActRound kind, O* out, cudaStream_t stream) {
+  const int64_t n_warps = n_tok * (n_in / (kind == kActQ8Blocks ? 32 : 256));
+  const unsigned grid = static_cast<unsigned>((n_warps + 7) / 8);
+  if (kind == kActQ8Blocks)
+    launch_dependent(act_round_block_kernel<32, Src, O>, grid, 256, 0, stream, src, n_in, n_tok, out);
+  else
+    launch_dependent(act_round_block_kernel<256, Src, O>, grid, 256, 0, stream, src, n_in, n_tok, out);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_act_round(const MatmulParams& p, ActRound kind, __half* x16) {
   if (kind == kActF16 || kind == kActBF16) {
+    FRINK_CUDA_CHECK(x16 ? cudaErrorInvalidValue : cudaSuccess);  // F16 / BF16: launch_x_16bit
     launch_round16(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, kind == kActBF16, p.act_round, p.stream);
     return;
   }
-  const int64_t bs = kind == kActQ8Blocks ? 32 : 256;
-  const int64_t n_warps = p.n_tok * (p.n_in / bs);
-  const unsigned grid = static_cast<unsigned>((n_warps + 7) / 8);
-  if (kind == kActQ8Blocks)
-    launch_dependent(act_round_block_kernel<32>, grid, 256, 0, p.stream, p.x, p.x_stride, p.n_in, p.n_tok, p.act_round);
-  else
-    launch_dependent(act_round_block_kernel<256>, grid, 256, 0, p.stream, p.x, p.x_stride, p.n_in, p.n_tok, p.act_round);
-  FRINK_CUDA_CHECK_LAUNCH();
+  if (x16) launch_round_blocks(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, kind, x16, p.stream);
+  else launch_round_blocks(RowSource{p.x, p.x_stride}, p.n_in, p.n_tok, kind, p.act_round, p.stream);
 }
 
 template <typename Src>
@@ -393,6 +406,11 @@ void launch_glu_q8k(const GluParams& g, const Q8KAct& x) {
 
 void launch_glu_round(const GluParams& g, bool bf16, float* out) {
   with_glu_source(g, [&](auto src) { launch_round16(src, g.n, g.n_tok, bf16, out, g.stream); });
+}
+
+void launch_glu_blocks_16bit(const GluParams& g, ActRound kind, __half* out) {
+  FRINK_CUDA_CHECK(!g.up_norm_w && (kind == kActQ8Blocks || kind == kActQ8K) ? cudaSuccess : cudaErrorInvalidValue);
+  launch_round_blocks(Unkept<GluSource>{GluSource{g}}, g.n, g.n_tok, kind, out, g.stream);
 }
 
 void launch_glu_16bit(const GluParams& g, bool bf16, void* out) {

@@ -40,6 +40,16 @@ bool reads_scratch16(const MatmulParams& p) {
   return (kind == kActF16 || kind == kActBF16) && !takes_matvec(p);
 }
 
+// Whether p, a quantized type on cuBLAS, reads x's Q8 / Q8_K rounding as the f16 copy at the
+// scratch's start (gemm.cu's x_16bit), written by the rounding launch (launch_act_round's x16)
+// or the GLU before it (launch_glu_blocks_16bit), where the rounded f32 copy and a conversion
+// of it were two passes (3.8 ms of an 8B Q4_0 pp512 batch's 30 ms of kernels, H200 ncu).
+bool rounds_to_scratch(const MatmulParams& p) {
+  const ActRound kind = act_prep_for(p);
+  return (kind == kActQ8Blocks || kind == kActQ8K) && !takes_matvec(p) && p.scratch &&
+         p.scratch_elems >= static_cast<size_t>(p.n_in * p.n_tok);
+}
+
 // Whether p goes to the stream kernel (matvec_stream_kernel): one of its types on the
 // matrix-vector path, rows it can stage. Consecutive such products of one type share a launch.
 bool streams(const MatmulParams& p, ActRound kind) {
@@ -86,8 +96,10 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
   // The cuBLAS path of F16/BF16 weights converts x to their 16-bit format itself, which is the
   // same rounding: a rounded f32 copy first would be one more pass over x.
   const bool converts_itself = reads_scratch16(p);
+  // act_round is left as it was where the rounding goes to the scratch: nothing else reads it.
+  const bool to_scratch = rounds_to_scratch(p);
   if (kind != kActNone && !converts_itself) {
-    if (!x_ready) launch_act_round(p, kind);
+    if (!x_ready) launch_act_round(p, kind, to_scratch ? static_cast<__half*>(p.scratch) : nullptr);
     p.x = p.act_round;
     p.x_stride = p.n_in;
   }
@@ -107,7 +119,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
   if (takes_matvec(p))
     matvec_launch<T>(p, a);
   else
-    gemm_launch<T>(p, a, x_ready);
+    gemm_launch<T>(p, a, x_ready || to_scratch);
 }
 
 }  // namespace
@@ -221,6 +233,10 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   }
   if (writes16 && (!g.up_norm_w || glu_norm_ok(g))) {
     launch_glu_16bit(g, kind == kActBF16, p.scratch);
+    return true;
+  }
+  if (rounds_to_scratch(p) && !g.up_norm_w && g.n % (kind == kActQ8Blocks ? 32 : 256) == 0) {
+    launch_glu_blocks_16bit(g, kind, static_cast<__half*>(p.scratch));
     return true;
   }
   launch_glu(g);

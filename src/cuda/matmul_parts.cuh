@@ -170,8 +170,10 @@ inline RopeRole rope_role(const RopeLaunch& r, const MatmulParams& p) {
 }
 
 // act_prep.cu: x rounded to the host's activation format (kind), or quantized for the dp4a
-// kernels (xq int8 [n_tok][n_in] then xd f32 [n_tok][n_in / 32]; Q8_K as Q8KAct).
-void launch_act_round(const MatmulParams& p, ActRound kind);
+// kernels (xq int8 [n_tok][n_in] then xd f32 [n_tok][n_in / 32]; Q8_K as Q8KAct). With x16
+// (Q8 and Q8_K rounding only), the rounded values go there as f16 [n_tok][n_in] instead of into
+// act_round: the copy of x a quantized product on cuBLAS reads (gemm.cu's x_16bit).
+void launch_act_round(const MatmulParams& p, ActRound kind, __half* x16 = nullptr);
 void launch_quantize_q8(const MatmulParams& p, int8_t* xq, float* xd);
 void launch_quantize_q8k(const MatmulParams& p, const Q8KAct& x);
 // The norm np and its output quantized as launch_quantize_q8 / _q8k would, in one kernel
@@ -197,6 +199,9 @@ void launch_norm_16bit(const NormParams& np, bool bf16, void* out);
 // p's x itself as that 16-bit copy: gemm.cu's conversion where no producer wrote it.
 void launch_x_16bit(const MatmulParams& p, bool bf16, void* out);
 void launch_glu_16bit(const GluParams& g, bool bf16, void* out);
+// The gated activation g (no up norm) rounded as launch_act_round(kind) would with x16: the
+// f16 copy a quantized down product on cuBLAS reads; g.out is not written.
+void launch_glu_blocks_16bit(const GluParams& g, ActRound kind, __half* out);
 
 // matvec.cu: decode-sized products. staged_ok: W's rows suit the stream kernel.
 bool staged_ok(const MatmulParams& p);

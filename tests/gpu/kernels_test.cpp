@@ -445,9 +445,10 @@ TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
 
 // A gated activation handed to launch_matmuls (MatmulParams::pre_glu) gives the same bits as
 // launch_glu followed by the product: SiLU, GELU, gpt-oss's clamped form and gate-only, for
-// the four dp4a types (fused), F16 and BF16 (rounded in the GLU's launch on decode batches,
-// launch_glu_round; on prompt batches its 16-bit copy alone, for cuBLAS: launch_glu_16bit,
-// the scratch poisoned first), decode and prompt batches. With an up norm in
+// the four dp4a types (fused on decode batches; on prompt batches x's Q8 / Q8_K rounding as the
+// f16 copy cuBLAS reads, alone: launch_glu_blocks_16bit), F16 and BF16 (rounded in the GLU's
+// launch on decode batches, launch_glu_round; on prompt batches its 16-bit copy alone, for
+// cuBLAS: launch_glu_16bit), the scratch poisoned first, decode and prompt batches. With an up norm in
 // groups of 128 and 256 (the gated delta net's output norm: GluParams::up_norm_w), launch_glu's
 // output is also held to the host's arithmetic (a group norm then the GLU, in double).
 TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
@@ -505,12 +506,15 @@ TEST(CudaKernels, GluFusedWithPreparationEqualsSeparate) {
             EXPECT_LT(nmse(dev.data(), host.data(), host.size()), 1e-12) << "mode " << mode << " n_in " << n_in;
           }
           g.out = dh2.p;
-          const bool cublas16 = (t == GgmlType::BF16 || t == GgmlType::F16) && n_tok > cuda::kMatvecMaxTok;
+          // On cuBLAS the GLU writes x's f16 copy alone (the quantized types' with their Q8 /
+          // Q8_K rounding; not with an up norm, whose launch keeps its values).
+          const bool t16 = t == GgmlType::BF16 || t == GgmlType::F16;
+          const bool copy_alone = n_tok > cuda::kMatvecMaxTok && (t16 || mode < 5);
           expect_producer_fused(
               {t, dwt.p, n_in, n_out, n_tok, blas, &scratch}, dh1, dh2, [&](cuda::MatmulParams& p) { p.pre_glu = &g; },
               std::string(ggml_type_name(t)) + " n_in " + std::to_string(n_in) + " n_tok " + std::to_string(n_tok) +
                   " mode " + std::to_string(mode),
-              !cublas16);
+              !copy_alone);
         }
   cublasDestroy(blas);
 }
