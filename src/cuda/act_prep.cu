@@ -171,14 +171,50 @@ __global__ void __launch_bounds__(256) quantize_q8k_kernel(Src src, int64_t n_in
 }
 
 
+// Four consecutive values stored as O (store16) in one store: 16 bytes of f32, 8 of 16 bits.
+template <typename O>
+struct alignas(4 * sizeof(O)) Four {
+  O v[4];
+};
+
+// Where a norm's Q8 / Q8_K rounding goes (norm_q8_row, norm_q8k_row), four values a thread:
+// put(p, row, i, q, qsum, d) for elements [4 i, 4 i + 4) of the row, their quants q, the sum of
+// the 8 threads' quants around (Q8_K's sub-block sum) and the block's scale d.
+struct Q8_0Out {  // Q8_0 blocks: int8 [rows][n], scales [rows][n / 32]
+  int8_t* q;
+  float* d;
+  __device__ void put(const NormParams& p, int64_t row, int64_t i, const int (&qi)[4], int, float dd) const {
+    reinterpret_cast<char4*>(q + row * p.n)[i] = make_char4(qi[0], qi[1], qi[2], qi[3]);
+    if (threadIdx.x % 8 == 0) d[row * (p.n / 32) + i / 8] = dd;
+  }
+};
+struct Q8KOut {  // Q8_K blocks (Q8KAct)
+  Q8KAct a;
+  __device__ void put(const NormParams& p, int64_t row, int64_t i, const int (&qi)[4], int qsum, float dd) const {
+    reinterpret_cast<char4*>(a.q + row * p.n)[i] = make_char4(qi[0], qi[1], qi[2], qi[3]);
+    if (threadIdx.x % 8 == 0) a.sum[row * (p.n / 32) + i / 8] = qsum;
+    if (threadIdx.x % 64 == 0) a.d[row * (p.n / 256) + i / 64] = dd;
+  }
+};
+// The rounded values q d as f16 [rows][n]: the copy a quantized product on cuBLAS reads
+// (act_round_block_kernel's values, as launch_act_round writes them with x16).
+struct F16Out {
+  __half* x;
+  __device__ void put(const NormParams& p, int64_t row, int64_t i, const int (&qi)[4], int, float dd) const {
+    reinterpret_cast<Four<__half>*>(x + row * p.n)[i] =
+        Four<__half>{{__float2half_rn(qi[0] * dd), __float2half_rn(qi[1] * dd), __float2half_rn(qi[2] * dd),
+                      __float2half_rn(qi[3] * dd)}};
+  }
+};
+
 // The norm's row (norm_vec_row: thread i holds elements 4 (i + k blockDim) ..) quantized in
 // registers. Q8_0: a 32-block is 8 consecutive threads of one warp; the arithmetic is
 // quantize_q8_kernel's, value for value.
-__device__ __forceinline__ void norm_q8_row(const NormParams& p, int8_t* xq, float* xd, int64_t row) {
+template <typename Out>
+__device__ __forceinline__ void norm_q8_row(const NormParams& p, const Out& out, int64_t row) {
   float4 o[kNormVecPer];
   norm_vec_row(p, o, row);
-  const int64_t n4 = p.n / 4, n_blk = p.n / 32;
-  const int lane = threadIdx.x % 32;
+  const int64_t n4 = p.n / 4;
 #pragma unroll
   for (int k = 0; k < kNormVecPer; ++k) {
     if (int64_t{k} * blockDim.x >= n4) break;  // the rest of the slabs lie past the row (block-uniform)
@@ -188,10 +224,9 @@ __device__ __forceinline__ void norm_q8_row(const NormParams& p, int8_t* xq, flo
     for (int off = 1; off < 8; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     if (i >= n4) continue;  // a whole 32-block is in the row or past it (n % 32 == 0)
     const Q8Rule r = q8_0_rule(amax);
-    const char4 q = make_char4(static_cast<int8_t>(roundf(o[k].x * r.inv)), static_cast<int8_t>(roundf(o[k].y * r.inv)),
-                               static_cast<int8_t>(roundf(o[k].z * r.inv)), static_cast<int8_t>(roundf(o[k].w * r.inv)));
-    reinterpret_cast<char4*>(xq + row * p.n)[i] = q;
-    if (lane % 8 == 0) xd[row * n_blk + i / 8] = r.d;
+    const int q[4] = {static_cast<int>(roundf(o[k].x * r.inv)), static_cast<int>(roundf(o[k].y * r.inv)),
+                      static_cast<int>(roundf(o[k].z * r.inv)), static_cast<int>(roundf(o[k].w * r.inv))};
+    out.put(p, row, i, q, 0, r.d);
   }
 }
 
@@ -199,7 +234,8 @@ __device__ __forceinline__ void norm_q8_row(const NormParams& p, int8_t* xq, flo
 // source is quantize_q8k_kernel's: the signed value of the first element of largest magnitude
 // (each thread scans its four in order with a strict '>', reductions keep the larger
 // magnitude and on a tie the lower index); sums per 32 over 8 threads.
-__device__ __forceinline__ void norm_q8k_row(const NormParams& p, const Q8KAct& a, int64_t row) {
+template <typename Out>
+__device__ __forceinline__ void norm_q8k_row(const NormParams& p, const Out& out, int64_t row) {
   __shared__ float s_amax[32], s_mx[32];
   __shared__ int s_idx[32];
   float4 o[kNormVecPer];
@@ -237,23 +273,13 @@ __device__ __forceinline__ void norm_q8k_row(const NormParams& p, const Q8KAct& 
     int qi[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) qi[j] = q8k_quant(v[j], amax, iscale);
-    const char4 q = make_char4(static_cast<int8_t>(qi[0]), static_cast<int8_t>(qi[1]), static_cast<int8_t>(qi[2]),
-                               static_cast<int8_t>(qi[3]));
     int qs = qi[0] + qi[1] + qi[2] + qi[3];
 #pragma unroll
     for (int off = 1; off < 8; off <<= 1) qs += __shfl_xor_sync(0xffffffffu, qs, off);
     if (!live) continue;
-    reinterpret_cast<char4*>(a.q + row * p.n)[i] = q;
-    if (lane % 8 == 0) a.sum[row * (p.n / 32) + i / 8] = qs;
-    if (threadIdx.x % 64 == 0) a.d[row * (p.n / 256) + i / 64] = q8k_scale(amax, iscale);
+    out.put(p, row, i, qi, qs, q8k_scale(amax, iscale));
   }
 }
-
-// Four consecutive values stored as O (store16) in one store: 16 bytes of f32, 8 of 16 bits.
-template <typename O>
-struct alignas(4 * sizeof(O)) Four {
-  O v[4];
-};
 
 // The norm's row and its output rounded as act_round_elem_kernel would, into out [n_rows][n].
 template <typename O>
@@ -277,14 +303,16 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_round_kernel(NormParams 
   norm_round_row(p, bf16, out, blockIdx.x);
 }
 
-__global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, int8_t* xq, float* xd) {
+template <typename Out>
+__global__ void __launch_bounds__(kNormMaxThreads) norm_q8_kernel(NormParams p, Out out) {
   dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
-  norm_q8_row(p, xq, xd, blockIdx.x);
+  norm_q8_row(p, out, blockIdx.x);
 }
 
-__global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p, Q8KAct a) {
+template <typename Out>
+__global__ void __launch_bounds__(kNormMaxThreads) norm_q8k_kernel(NormParams p, Out out) {
   dependent_kernel_start();  // the product after it may start its weight copies (pdl.cuh)
-  norm_q8k_row(p, a, blockIdx.x);
+  norm_q8k_row(p, out, blockIdx.x);
 }
 
 // Two jobs in one launch (launch_norm_router): block 0 the producer (Kind 0: the norm alone,
@@ -297,9 +325,9 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   if (blockIdx.x == 0) {
     grid_dependency_wait();
     if constexpr (Kind == 1) {
-      norm_q8_row(p, xq, xd, 0);
+      norm_q8_row(p, Q8_0Out{xq, xd}, 0);
     } else if constexpr (Kind == 2) {
-      norm_q8k_row(p, a, 0);
+      norm_q8k_row(p, Q8KOut{a}, 0);
     } else if constexpr (Kind == 3 || Kind == 4) {
       norm_round_row(p, Kind == 4, xr, 0);
     } else {
@@ -437,8 +465,8 @@ void launch_norm_16bit(const NormParams& np, bool bf16, void* out) {
 }
 
 void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {
-  launch_dependent(norm_q8_kernel, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
-                   np.stream, np, xq, xd);
+  launch_dependent(norm_q8_kernel<Q8_0Out>, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
+                   np.stream, np, Q8_0Out{xq, xd});
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
@@ -459,8 +487,16 @@ void launch_norm_router(const NormParams& np, int kind, const MatmulParams& p, c
 }
 
 void launch_norm_q8k(const NormParams& np, const Q8KAct& x) {
-  launch_dependent(norm_q8k_kernel, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
-                   np.stream, np, x);
+  launch_dependent(norm_q8k_kernel<Q8KOut>, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
+                   np.stream, np, Q8KOut{x});
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_norm_blocks_16bit(const NormParams& np, ActRound kind, __half* out) {
+  FRINK_CUDA_CHECK(kind == kActQ8Blocks || kind == kActQ8K ? cudaSuccess : cudaErrorInvalidValue);
+  const auto grid = static_cast<unsigned>(np.n_rows), threads = static_cast<unsigned>(norm_vec_threads(np.n));
+  if (kind == kActQ8Blocks) launch_dependent(norm_q8_kernel<F16Out>, grid, threads, 0, np.stream, np, F16Out{out});
+  else launch_dependent(norm_q8k_kernel<F16Out>, grid, threads, 0, np.stream, np, F16Out{out});
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

@@ -209,6 +209,10 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
       launch_norm_16bit(np, kind == kActBF16, p.scratch);
       return true;
     }
+    if (rounds_to_scratch(p) && !router && norm_vec_ok(np) && np.n % (kind == kActQ8Blocks ? 32 : 256) == 0) {
+      launch_norm_blocks_16bit(np, kind, static_cast<__half*>(p.scratch));
+      return true;
+    }
     const bool round = rounds16 && norm_vec_ok(np);
     if (router) launch_norm_router(np, round ? (kind == kActBF16 ? 4 : 3) : 0, p, *router);
     else if (round) launch_norm_round(np, kind == kActBF16, p.act_round);

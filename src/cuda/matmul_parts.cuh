@@ -196,6 +196,10 @@ void launch_glu_round(const GluParams& g, bool bf16, float* out);
 // BF16 product on cuBLAS reads (gemm.cu's x_16bit), one pass over x fewer. The GLU's f32
 // values (g.out) are not written: the copy is all its product reads.
 void launch_norm_16bit(const NormParams& np, bool bf16, void* out);
+// The norm np (norm_vec_ok, width a multiple of the block) written as launch_norm would, and
+// its Q8 (kind kActQ8Blocks) or Q8_K rounding as f16 into out [rows][n]: the copy a quantized
+// product on cuBLAS reads, as launch_act_round writes it with x16.
+void launch_norm_blocks_16bit(const NormParams& np, ActRound kind, __half* out);
 // p's x itself as that 16-bit copy: gemm.cu's conversion where no producer wrote it.
 void launch_x_16bit(const MatmulParams& p, bool bf16, void* out);
 void launch_glu_16bit(const GluParams& g, bool bf16, void* out);

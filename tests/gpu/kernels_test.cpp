@@ -335,11 +335,13 @@ void expect_producer_fused(const FusedCase& c, Dev<float>& x1, Dev<float>& x2,
 // A norm handed to launch_matmuls (MatmulParams::pre_norm) gives the same bits as the norm
 // launched first and the products after it: the fused norm + quantization kernels (Q4_0 and
 // Q8_0: Q8_0 blocks; Q4_K and Q6_K: Q8_K blocks) must quantize exactly as the separate
-// kernels, F16 and BF16 decode batches round as act_round does in the norm's launch
-// (launch_norm_round), their prompt batches get the 16-bit copy cuBLAS reads from it
-// (launch_norm_16bit; the scratch poisoned first), and other types take the plain norm. Widths: 4096 (1024 threads), 2304 (576: nine
-// 256-blocks of two warps each), 5120 (640 threads, two slabs of float4 per thread), 1088 (320
-// threads, the last ones past the row; Q8_0 blocks only).
+// kernels (on prompt batches: that rounding as the f16 copy cuBLAS reads,
+// launch_norm_blocks_16bit), F16 and BF16 decode batches round as act_round does in the norm's
+// launch (launch_norm_round), their prompt batches get the 16-bit copy cuBLAS reads from it
+// (launch_norm_16bit; the scratch poisoned first), and other types take the plain norm.
+// Widths: 4096 (1024 threads), 2304 (576: nine 256-blocks of two warps each), 5120 (640
+// threads, two slabs of float4 per thread), 1088 (320 threads, the last ones past the row; Q8_0
+// blocks only).
 TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(31);
