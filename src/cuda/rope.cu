@@ -53,17 +53,21 @@ __device__ __forceinline__ void rotate_pair(const RopeLaunch& p, int64_t t, int6
 constexpr int kRopeHeads = 8;
 
 // The items of a token: (pair, group of kRopeHeads heads) with the pair fastest, so a warp's
-// loads are consecutive pairs of one head; then its append's elements (append_unrotated).
-inline int64_t rope_items(const RopeLaunch& p) {
-  const int64_t groups = (p.n_head + p.n_head2 + kRopeHeads - 1) / kRopeHeads;
-  return groups * (p.n_rot / 2) + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0);
+// loads are consecutive pairs of one head (the first `rotating`); then its append's elements
+// (append_unrotated).
+struct RopeItems {
+  int64_t rotating, all;
+};
+__host__ __device__ inline RopeItems rope_items(const RopeLaunch& p) {
+  const int64_t rotating = (p.n_head + p.n_head2 + kRopeHeads - 1) / kRopeHeads * (p.n_rot / 2);
+  return {rotating, rotating + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0)};
 }
 
-// Over row_grid(rope_items(p), n_tok). 32-bit indices within a token.
+// Over row_grid(rope_items(p).all, n_tok). 32-bit indices within a token.
 __global__ void rope_kernel(RopeLaunch p, RopeFreq f) {
   const int n_pairs = p.n_rot / 2, heads = p.n_head + p.n_head2;
-  const int n_rotating = (heads + kRopeHeads - 1) / kRopeHeads * n_pairs;
-  const int items = n_rotating + (p.mirror_k ? p.n_head2 * p.head_dim + p.v_width : 0);
+  const RopeItems ri = rope_items(p);
+  const int n_rotating = static_cast<int>(ri.rotating), items = static_cast<int>(ri.all);
   for (int64_t t = blockIdx.y; t < p.n_tok; t += gridDim.y)
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < items; i += gridDim.x * blockDim.x) {
       if (i >= n_rotating) {
@@ -139,7 +143,7 @@ RopeFreq rope_freq(const RopeLaunch& p) {
 }
 
 void launch_rope(const RopeLaunch& p) {
-  const int64_t items = rope_items(p), n = p.n_tok * items;
+  const int64_t items = rope_items(p).all, n = p.n_tok * items;
   if (p.qk_norm && (n == 0 || !norm_fuses(p))) {  // the same results in two launches
     launch_norm_pair(p.norm_x, p.norm_x2);
     RopeLaunch r = p;
