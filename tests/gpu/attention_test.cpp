@@ -46,8 +46,9 @@ std::string describe(const Case& c) {
   return buf;
 }
 
-// Runs one case on the device and returns the NMSE against the double reference.
-double run_case(std::mt19937& rng, const Case& c) {
+// Runs one case on the device and returns the NMSE against the double reference. scratch: the
+// attention scratch to use as it is (an earlier case's leftovers in it), else a fresh one.
+double run_case(std::mt19937& rng, const Case& c, Dev<float>* scratch = nullptr) {
   const int64_t max_keys = c.max_keys ? c.max_keys : c.pos0 + c.n_tok;
   const int64_t n_keys = c.pos0 + c.n_tok, kw = c.n_head_kv * c.hd;
   auto q = random_floats(rng, c.n_tok * c.n_head * c.hd), k = random_floats(rng, n_keys * kw),
@@ -87,14 +88,19 @@ double run_case(std::mt19937& rng, const Case& c) {
       for (int64_t i = 0; i < c.hd; ++i)
         ref[static_cast<size_t>((t * c.n_head + h) * c.hd + i)] = static_cast<float>(o[static_cast<size_t>(i)] / sum);
     }
-  Dev<float> dq(q), dk(k), dv(v), dout(std::vector<float>(ref.size(), -1e30f)),
-      part(std::vector<float>(cuda::attn_scratch_floats(c.n_tok, max_keys, c.n_head, c.n_head_kv, c.hd, c.hd), 10.0f));
+  const size_t need = cuda::attn_scratch_floats(c.n_tok, max_keys, c.n_head, c.n_head_kv, c.hd, c.hd);
+  if (scratch) {
+    EXPECT_GE(scratch->n, need) << describe(c);
+  }
   // part holds plausible leftovers (m = l = acc = 10), as the engine's scratch does from
   // earlier layers: a merge that read a split nobody wrote would take them in.
+  Dev<float> dq(q), dk(k), dv(v), dout(std::vector<float>(ref.size(), -1e30f)),
+      part(std::vector<float>(scratch ? 0 : need, 10.0f));
+  float* const scratch_p = scratch ? scratch->p : part.p;
   Dev<int32_t> dpos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
   Dev<float> dslopes(slopes), dsinks(sinks);
   cuda::AttnParams p =
-      attn_params(dq.p, dk.p, dv.p, dout.p, part.p, c.n_tok, dpos.p, max_keys, c.n_head, c.n_head_kv, c.hd);
+      attn_params(dq.p, dk.p, dv.p, dout.p, scratch_p, c.n_tok, dpos.p, max_keys, c.n_head, c.n_head_kv, c.hd);
   p.scale = scale;
   p.softcap = c.softcap;
   p.window = c.window;
@@ -262,6 +268,32 @@ TEST(CudaAttention, PrefillMatchesReference) {
     // Bound 1e-5: 30x that, and 10x inside the model parity tests' 1e-4 against the host.
     // f32 paths: ~1e-13, bound 1e-9 as for decode.
     EXPECT_LT(e, mma ? 1e-5 : 1e-9) << describe(c) << (mma ? " (tensor cores)" : " (f32)");
+  }
+}
+
+// The tensor-core prefill's f16 copy of K/V (and its per-tile scale flags) in a scratch that
+// earlier batches used: a batch whose K/V were stored scaled down (|k|, |v| beyond f16), then
+// plain ones over the same and fewer tiles, then scaled again. A flag left from an earlier
+// batch would scale a tile by 2^15.
+TEST(CudaAttention, PrefillScratchReusedAcrossBatches) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const Case cases[] = {
+      {192, 300, 8, 2, 128, 0.0f, 0, 0, false, false, 1.0f, 1e5f},
+      {192, 300, 8, 2, 128},
+      {130, 40, 8, 2, 128},
+      {160, 200, 8, 2, 128, 0.0f, 0, 0, false, false, 1.0f, 1e5f},
+      {200, 250, 8, 2, 128},
+  };
+  size_t most = 0;
+  for (const Case& c : cases)
+    most = std::max(most, cuda::attn_scratch_floats(c.n_tok, c.pos0 + c.n_tok, c.n_head, c.n_head_kv, c.hd, c.hd));
+  Dev<float> scratch(std::vector<float>(most, 10.0f));
+  for (const Case& c : cases) {
+    ASSERT_TRUE(cuda::attn_uses_tensor_cores(c.n_tok, c.hd, c.hd)) << describe(c);
+    const double e = run_case(rng, c, &scratch);
+    std::printf("prefill %s (scratch reused): nmse %.3g\n", describe(c).c_str(), e);
+    EXPECT_LT(e, 1e-5) << describe(c);
   }
 }
 
