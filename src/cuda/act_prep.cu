@@ -373,7 +373,7 @@ void as16(bool bf16, void* out, F&& f) {
 // src's Q8 (kind kActQ8Blocks) or Q8_K rounding into out (f32 or f16).
 template <typename Src, typename O>
 void launch_round_blocks(Src src, int64_t n_in, int64_t n_tok, ActRound kind, O* out, cudaStream_t stream) {
-  const int64_t n_warps = n_tok * (n_in / (kind == kActQ8Blocks ? 32 : 256));
+  const int64_t n_warps = n_tok * (n_in / act_block_elems(kind));
   const unsigned grid = static_cast<unsigned>((n_warps + 7) / 8);
   if (kind == kActQ8Blocks)
     launch_dependent(act_round_block_kernel<32, Src, O>, grid, 256, 0, stream, src, n_in, n_tok, out);
@@ -464,11 +464,16 @@ void launch_norm_16bit(const NormParams& np, bool bf16, void* out) {
   as16(bf16, out, [&](auto* o) { launch_norm_round_as(np, bf16, o); });
 }
 
-void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) {
-  launch_dependent(norm_q8_kernel<Q8_0Out>, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
-                   np.stream, np, Q8_0Out{xq, xd});
+// The norm np with its Q8 (kK false) or Q8_K rounding going to out: a block a row.
+template <bool kK, typename Out>
+void launch_norm_blocks(const NormParams& np, const Out& out) {
+  const auto grid = static_cast<unsigned>(np.n_rows), threads = static_cast<unsigned>(norm_vec_threads(np.n));
+  if constexpr (kK) launch_dependent(norm_q8k_kernel<Out>, grid, threads, 0, np.stream, np, out);
+  else launch_dependent(norm_q8_kernel<Out>, grid, threads, 0, np.stream, np, out);
   FRINK_CUDA_CHECK_LAUNCH();
 }
+
+void launch_norm_q8(const NormParams& np, int8_t* xq, float* xd) { launch_norm_blocks<false>(np, Q8_0Out{xq, xd}); }
 
 void launch_norm_router(const NormParams& np, int kind, const MatmulParams& p, const RouterNormParams& r) {
   const auto grid = static_cast<unsigned>(r.n_expert + 1);
@@ -486,18 +491,12 @@ void launch_norm_router(const NormParams& np, int kind, const MatmulParams& p, c
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
-void launch_norm_q8k(const NormParams& np, const Q8KAct& x) {
-  launch_dependent(norm_q8k_kernel<Q8KOut>, static_cast<unsigned>(np.n_rows), static_cast<unsigned>(norm_vec_threads(np.n)), 0,
-                   np.stream, np, Q8KOut{x});
-  FRINK_CUDA_CHECK_LAUNCH();
-}
+void launch_norm_q8k(const NormParams& np, const Q8KAct& x) { launch_norm_blocks<true>(np, Q8KOut{x}); }
 
 void launch_norm_blocks_16bit(const NormParams& np, ActRound kind, __half* out) {
   FRINK_CUDA_CHECK(kind == kActQ8Blocks || kind == kActQ8K ? cudaSuccess : cudaErrorInvalidValue);
-  const auto grid = static_cast<unsigned>(np.n_rows), threads = static_cast<unsigned>(norm_vec_threads(np.n));
-  if (kind == kActQ8Blocks) launch_dependent(norm_q8_kernel<F16Out>, grid, threads, 0, np.stream, np, F16Out{out});
-  else launch_dependent(norm_q8k_kernel<F16Out>, grid, threads, 0, np.stream, np, F16Out{out});
-  FRINK_CUDA_CHECK_LAUNCH();
+  if (kind == kActQ8Blocks) launch_norm_blocks<false>(np, F16Out{out});
+  else launch_norm_blocks<true>(np, F16Out{out});
 }
 
 }  // namespace frink::cuda::mm

@@ -31,7 +31,7 @@ bool reads_scratch16(const MatmulParams& p);
 ActRound act_prep_for(const MatmulParams& p) {
   if (!p.act_round) return kActNone;
   const ActRound dp4a = dp4a_act_for(p.type);
-  if (dp4a != kActNone && takes_matvec(p) && p.n_in % (dp4a == kActDp4a ? 32 : 256) == 0) return dp4a;
+  if (dp4a != kActNone && takes_matvec(p) && p.n_in % act_block_elems(dp4a) == 0) return dp4a;
   return act_round_for(p.type);
 }
 
@@ -40,14 +40,18 @@ bool reads_scratch16(const MatmulParams& p) {
   return (kind == kActF16 || kind == kActBF16) && !takes_matvec(p);
 }
 
+// Whether p's scratch has room for x's 16-bit copy at its start.
+bool scratch_fits_x(const MatmulParams& p) {
+  return p.scratch && p.scratch_elems >= static_cast<size_t>(p.n_in * p.n_tok);
+}
+
 // Whether p, a quantized type on cuBLAS, reads x's Q8 / Q8_K rounding as the f16 copy at the
 // scratch's start (gemm.cu's x_16bit), written by the rounding launch (launch_act_round's x16)
 // or the GLU before it (launch_glu_blocks_16bit), where the rounded f32 copy and a conversion
 // of it were two passes (3.8 ms of an 8B Q4_0 pp512 batch's 30 ms of kernels, H200 ncu).
 bool rounds_to_scratch(const MatmulParams& p) {
   const ActRound kind = act_prep_for(p);
-  return (kind == kActQ8Blocks || kind == kActQ8K) && !takes_matvec(p) && p.scratch &&
-         p.scratch_elems >= static_cast<size_t>(p.n_in * p.n_tok);
+  return (kind == kActQ8Blocks || kind == kActQ8K) && !takes_matvec(p) && scratch_fits_x(p);
 }
 
 // Whether p goes to the stream kernel (matvec_stream_kernel): one of its types on the
@@ -187,8 +191,7 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
   // F16 / BF16 products on cuBLAS read x's 16-bit copy at the scratch's start: the producer
   // writes it beside x, where gemm_launch's conversion was one more pass over x (then a kernel
   // of its own, to_16bit: 1.6 ms of an 8B BF16 pp512 batch's 18.4 ms of kernels, H200 ncu).
-  const bool writes16 =
-      reads_scratch16(p) && p.scratch && p.scratch_elems >= static_cast<size_t>(p.n_in * p.n_tok);
+  const bool writes16 = reads_scratch16(p) && scratch_fits_x(p);
   if (p.pre_norm) {
     const NormParams& np = *p.pre_norm;
     FRINK_CUDA_CHECK(np.y == p.x && np.y_stride == p.x_stride && np.n == p.n_in && np.n_rows == p.n_tok &&
@@ -209,7 +212,7 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
       launch_norm_16bit(np, kind == kActBF16, p.scratch);
       return true;
     }
-    if (rounds_to_scratch(p) && !router && norm_vec_ok(np) && np.n % (kind == kActQ8Blocks ? 32 : 256) == 0) {
+    if (rounds_to_scratch(p) && !router && norm_vec_ok(np) && np.n % act_block_elems(kind) == 0) {
       launch_norm_blocks_16bit(np, kind, static_cast<__half*>(p.scratch));
       return true;
     }
@@ -239,7 +242,7 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
     launch_glu_16bit(g, kind == kActBF16, p.scratch);
     return true;
   }
-  if (rounds_to_scratch(p) && !g.up_norm_w && g.n % (kind == kActQ8Blocks ? 32 : 256) == 0) {
+  if (rounds_to_scratch(p) && !g.up_norm_w && g.n % act_block_elems(kind) == 0) {
     launch_glu_blocks_16bit(g, kind, static_cast<__half*>(p.scratch));
     return true;
   }

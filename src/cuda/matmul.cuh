@@ -182,8 +182,10 @@ bool matmul_reads_rounded16(const MatmulParams& p);
 size_t matmul_q8_blocks_bytes(int64_t n_in, int64_t n_tok);
 // p.pre_norm or p.pre_glu alone, as launch_matmuls runs it first: fused with x's
 // preparation for p when p's is a dp4a one the fused kernels cover, or the rounding of an F16 /
-// BF16 decode product (launch_norm_round, launch_glu_round), or x's 16-bit copy for an F16 /
-// BF16 product on cuBLAS (in the scratch: launch_norm_16bit, launch_glu_16bit). True when
+// BF16 decode product (launch_norm_round, launch_glu_round), or x's 16-bit copy for a product
+// on cuBLAS (in the scratch: launch_norm_16bit, launch_glu_16bit for F16 / BF16;
+// launch_norm_blocks_16bit, launch_glu_blocks_16bit, x's Q8 / Q8_K rounding, for the
+// quantized types). True when
 // act_round (or that scratch) then holds x prepared for p (the products launched later with the producer cleared and
 // x_prepared set, when matmul_reads_q8_blocks(p)); false: only x was written.
 // With `router` (norm_router_ok: a one-row RMS norm): that router's logits of the norm's

@@ -84,6 +84,10 @@ __device__ __forceinline__ void store_row(const Args& a, int64_t row, const floa
 // kActDp4aK: to int8 Q8_K blocks (f32 scale per 256, int sums per 32) for the K-quant one.
 enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16, kActDp4a, kActDp4aK };
 
+// Elements of one block of x's Q8 preparation: kActQ8Blocks / kActDp4a 32, kActQ8K /
+// kActDp4aK 256 (the widths those launches need a multiple of).
+constexpr int64_t act_block_elems(ActRound kind) { return kind == kActQ8Blocks || kind == kActDp4a ? 32 : 256; }
+
 // The types whose matrix-vector kernels read x quantized for dp4a (matvec.cu's stream and
 // register kernels): as int8 Q8_0 blocks (kActDp4a), or as Q8_K blocks (kActDp4aK); kActNone otherwise.
 constexpr ActRound dp4a_act_for(int type) {
