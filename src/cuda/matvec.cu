@@ -19,6 +19,7 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
+#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_pipeline.h>
@@ -825,6 +826,94 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
   }
 }
 
+// Narrow rows: Q4_0 x8 rows of at most kNarrowMaxIn elements (the MoE experts' rows:
+// qwen3-30b-a3b's down 768, gate/up 2048), one token, no RoPE. A warp of matvec_reg_kernel
+// takes one row pair there with one block a lane or fewer (the 768-wide down leaves 8 lanes
+// idle), so the grid is mostly warps' fixed work: 8192 warps, two waves, for the down's 7 MB.
+// Here sub-warps of L lanes (8 or 16) each take a row pair, lane l of one the blocks l, l + L,
+// ... (all in one pass: L * kNarrowBlocks cover the row), and their sums meet by shuffles
+// within the sub-warp. Same block arithmetic and stores as matvec_reg_kernel's. 6 blocks a SM
+// (76-78 registers; at 8, 64 registers, it spilled); Q8_0's two quant words a block spilled
+// even at 6 (80 registers), so Q8_0 keeps matvec_reg_kernel.
+constexpr int64_t kNarrowMaxIn = 2048;
+constexpr int kNarrowBlocks = 4;  // blocks a lane loads per row: 16 lanes cover 2048 elements
+template <int T, int L>
+__global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg, StagedAct x) {
+  static_assert(T == kQ4_0X8, "Q4_0 x8 rows");
+  static_assert(L == 8 || L == 16, "whole 8-block groups a sub-warp");
+  constexpr int kSub = 32 / L, KB = kNarrowBlocks;
+  Args first = sg.a[0];
+  if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();  // as matvec_reg_kernel
+  const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
+  {
+    const int64_t xr = select_slot(first);
+    x.q8 += xr * first.n_in;
+    x.d8 += xr * (first.n_in / 32);
+  }
+  const int lane = threadIdx.x % 32, sl = lane % L;
+  const int64_t g0 = (int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32) * kSub, end = sg.g_end[sg.n - 1];
+  if (g0 >= end) return;  // warp-uniform; sub-warps past the end stay for the shuffles
+  const int64_t g = g0 + lane / L;
+  const bool live = g < end;
+  int seg = 0;
+  while (seg < sg.n - 1 && g >= sg.g_end[seg]) ++seg;
+  const int64_t row0 = (g - (seg > 0 ? sg.g_end[seg - 1] : 0)) * kSRows;
+  const uint8_t* const w = seg == 0 ? first.w : sg.a[seg].w + slot_e * sg.a[seg].expert_bytes;
+  const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
+  const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
+  const uint8_t* rows[kSRows];
+  rows[0] = w + row0 * row_bytes;
+  rows[1] = row0 + 1 < n_out ? rows[0] + row_bytes : rows[0];
+  constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8, kQuant = kBlock - 2;  // 144, 18, 16 bytes
+  // Block l + L k: group L k / 8 + l / 8 (L k is a multiple of 8), block l % 8 in it.
+  const int qj = (sl / 8) * kGroup + 16 * (sl % 8), dj = (sl / 8) * kGroup + 8 * kQuant + 2 * (sl % 8);
+  const int nb = static_cast<int>(first.n_in / 32);
+  int4 q[kSRows][KB];
+  unsigned short d[kSRows][KB];
+#pragma unroll
+  for (int k = 0; k < KB; ++k)
+    if (live && sl + L * k < nb)
+#pragma unroll
+      for (int r = 0; r < kSRows; ++r) {
+        const uint8_t* at = rows[r] + kBlock * (L * k);
+        q[r][k] = ldw(reinterpret_cast<const int4*>(at + qj));
+        d[r][k] = ldw(reinterpret_cast<const unsigned short*>(at + dj));
+      }
+  // Weights are no kernel's output: their loads may overlap the kernel before
+  // (launch_dependent); x, y and the residual are read and written only after this.
+  grid_dependency_wait();
+  float acc[kSRows] = {};
+#pragma unroll
+  for (int k = 0; k < KB; ++k)
+    if (live && sl + L * k < nb) {
+      const int b = sl + L * k;
+      const int4* xp = reinterpret_cast<const int4*>(x.q8 + 32 * b);
+      const int4 lo = xp[0], hi = xp[1];
+      const float dx = x.d8[b];
+      const int xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
+#pragma unroll
+      for (int r = 0; r < kSRows; ++r) {
+        // ggml's vec_dot_q4_0_q8_0 order: one integer per block, scaled once.
+        const float dw = __half2float(__ushort_as_half(d[r][k]));
+        const int qw[4] = {q[r][k].x, q[r][k].y, q[r][k].z, q[r][k].w};
+        acc[r] += static_cast<float>(q4_0_idot(qw, lo, hi, -xs)) * (dw * dx);
+      }
+    }
+#pragma unroll
+  for (int r = 0; r < kSRows; ++r)
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  if (!live || sl != 0) return;
+  Args a = first;  // select_slot applied
+  if (seg != 0) {
+    a = sg.a[seg];
+    select_slot(a);
+  }
+#pragma unroll
+  for (int r = 0; r < kSRows; ++r)
+    if (row0 + r < n_out) a.y[row0 + r] = final_value(a, row0 + r, 0, acc[r]);
+}
+
 // MatmulParams::rope for the products ps[0, n) of one stream launch (launch_matmuls checked
 // it: matmul_can_rope); pos null when none carries it.
 StreamRope stream_rope(const MatmulParams* ps, int n) {
@@ -982,6 +1071,17 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
       if constexpr (kReg) {
+        if constexpr (NT == 1 && !R && T == kQ4_0X8) {
+          static const bool ab_narrow0 = std::getenv("FRINK_AB_NARROW0") != nullptr;  // AB-TEMP
+          if (p.n_in <= kNarrowMaxIn && !ab_narrow0) {  // matvec_narrow_kernel
+            const bool l8 = p.n_in <= 8 * 32 * kNarrowBlocks;
+            const int64_t warps = l8 ? (groups + 3) / 4 : (groups + 1) / 2;
+            const dim3 gr(static_cast<unsigned>((warps + kSWarps - 1) / kSWarps), g.y);
+            if (l8) launch_dependent(matvec_narrow_kernel<T, 8>, gr, b, 0, p.stream, s, x);
+            else launch_dependent(matvec_narrow_kernel<T, 16>, gr, b, 0, p.stream, s, x);
+            return;
+          }
+        }
         if constexpr (NT == 1 && !R && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)) {
           // One token without RoPE, Q4_0 / Q8_0 x8 and F16 / BF16: a warp per row with twice the
           // blocks a pass (OneRow), so a 4096-wide Q4_0 row is one memory round trip. Measured
