@@ -19,7 +19,6 @@
 // v3: staged kernels: rows copied to shared memory in 16-byte cp.async chunks, two in flight
 //   per warp, v2's block arithmetic on the copy; F16/BF16 too. Q4_0 tg128 224 tok/s, Q8_0 191,
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
-#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_pipeline.h>
@@ -832,7 +831,9 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
 // idle), so the grid is mostly warps' fixed work: 8192 warps, two waves, for the down's 7 MB.
 // Here sub-warps of L lanes (8 or 16) each take a row pair, lane l of one the blocks l, l + L,
 // ... (all in one pass: L * kNarrowBlocks cover the row), and their sums meet by shuffles
-// within the sub-warp. Same block arithmetic and stores as matvec_reg_kernel's. 6 blocks a SM
+// within the sub-warp. Same block arithmetic and stores as matvec_reg_kernel's. Measured
+// (H200, qwen3-30b-a3b Q4_0 tg128, graph ms a token, one call, three rounds alternating): 2.270 /
+// 2.276 / 2.274 -> 2.116 / 2.119 / 2.118 (tg128 428-433 -> 460-464 t/s). 6 blocks a SM
 // (76-78 registers; at 8, 64 registers, it spilled); Q8_0's two quant words a block spilled
 // even at 6 (80 registers), so Q8_0 keeps matvec_reg_kernel.
 constexpr int64_t kNarrowMaxIn = 2048;
@@ -1072,8 +1073,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       constexpr bool R = decltype(rope)::value;
       if constexpr (kReg) {
         if constexpr (NT == 1 && !R && T == kQ4_0X8) {
-          static const bool ab_narrow0 = std::getenv("FRINK_AB_NARROW0") != nullptr;  // AB-TEMP
-          if (p.n_in <= kNarrowMaxIn && !ab_narrow0) {  // matvec_narrow_kernel
+          if (p.n_in <= kNarrowMaxIn) {  // matvec_narrow_kernel
             const bool l8 = p.n_in <= 8 * 32 * kNarrowBlocks;
             const int64_t warps = l8 ? (groups + 3) / 4 : (groups + 1) / 2;
             const dim3 gr(static_cast<unsigned>((warps + kSWarps - 1) / kSWarps), g.y);

@@ -1087,19 +1087,25 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
 // (matvec.cu one_wave_x): each slot's rows still equal a plain product with its expert, bit
 // for bit. 8 to 24 slots put the grid (1536 to 4608 blocks) in (one wave, two] for any device
 // holding 768 to 3072 blocks at once (an H200: ~1320). The same for the x8 layouts' kernel
-// (matvec_reg_kernel, one warp per row pair; Q4_0, Q4_K and Q6_K), and with a bias and expert
-// scales on up.
+// (matvec_reg_kernel, one warp per row pair; Q4_0, Q4_K and Q6_K; Q4_0's rows of 2048 and 768,
+// the down's width, on matvec_narrow_kernel's sub-warps of 16 and 8 lanes), and with a bias and
+// expert scales on up.
 TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(67);
-  const int64_t n_expert = 16, n_in = 2048, n_out = 768, k = 8;
+  const int64_t n_expert = 16, n_out = 768, k = 8;
   Dev<float> db(random_floats(rng, n_expert * n_out)), dsc(random_floats(rng, n_expert));
   const auto sc = dsc.get();
   // Q4_0 as the file holds it (the stream kernel), and Q4_0, Q4_K and Q6_K as the device keeps
   // them (x8_type).
-  const std::pair<GgmlType, bool> layouts[] = {{GgmlType::Q4_0, false}, {GgmlType::Q4_0, true}, {GgmlType::Q4_K, true},
-                                                {GgmlType::Q6_K, true}};
-  for (const auto& [t, x8] : layouts) {
+  struct L {
+    GgmlType t;
+    bool x8;
+    int64_t n_in;
+  };
+  const L layouts[] = {{GgmlType::Q4_0, false, 2048}, {GgmlType::Q4_0, true, 2048}, {GgmlType::Q4_0, true, 768},
+                       {GgmlType::Q4_K, true, 2048},  {GgmlType::Q6_K, true, 2048}};
+  for (const auto& [t, x8, n_in] : layouts) {
     const size_t expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
     const auto gb = random_weights(rng, t, n_in, n_out * n_expert).bytes, ub = random_weights(rng, t, n_in, n_out * n_expert).bytes;
     Dev<uint8_t> dg(gb), du(ub);
@@ -1143,8 +1149,8 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
           }
           cuda::launch_matmul(q);
           const std::vector<float> row(y.begin() + s * n_out, y.begin() + (s + 1) * n_out);
-          ASSERT_EQ(row, dy1.get()) << ggml_type_name(t) << " x8 " << x8 << " product " << i << " slots " << n_slots << " slot " << s
-                                    << " settled " << settled;
+          ASSERT_EQ(row, dy1.get()) << ggml_type_name(t) << " x8 " << x8 << " n_in " << n_in << " product " << i
+                                    << " slots " << n_slots << " slot " << s << " settled " << settled;
         }
       }
     }
