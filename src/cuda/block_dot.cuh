@@ -102,6 +102,12 @@ __device__ __forceinline__ int q4_0_idot(const int (&q)[4], const int4& lo, cons
   return sum;
 }
 
+// One Q4_0 block's value against x's Q8_0 block (lo, hi; xs = 8 x its quants' sum, dx its
+// scale), in ggml's vec_dot_q4_0_q8_0 order: one integer per block, scaled once by dw dx.
+__device__ __forceinline__ float q4_0_value(const int (&q)[4], float dw, const int4& lo, const int4& hi, int xs, float dx) {
+  return static_cast<float>(q4_0_idot(q, lo, hi, -xs)) * (dw * dx);
+}
+
 // sum plus the 16 signed bytes of v.
 __device__ __forceinline__ int bytes_sum(const int4& v, int sum) {
   sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, sum));
@@ -137,8 +143,8 @@ __device__ __forceinline__ void pairs_dot(const uint8_t* s, int64_t rs, int nb, 
       qa[i] = static_cast<int>(__funnelshift_r(v[i], v[i + 1], 16));
       qb[i] = static_cast<int>(v[5 + i]);
     }
-    acc[r][0] += static_cast<float>(q4_0_idot(qa, x.q[0], x.q[1], -xsa)) * (da * x.da);
-    if (two) acc[r][0] += static_cast<float>(q4_0_idot(qb, x.q[2], x.q[3], -xsb)) * (db * x.db);
+    acc[r][0] += q4_0_value(qa, da, x.q[0], x.q[1], xsa, x.da);
+    if (two) acc[r][0] += q4_0_value(qb, db, x.q[2], x.q[3], xsb, x.db);
   }
 }
 

@@ -788,18 +788,17 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
               // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
               const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
               const int4* q = ps.q[r][k];
-              int sum;
               if constexpr (T == kQ4_0X8) {
                 const int qw[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
-                sum = q4_0_idot(qw, lo, hi, -xs);
+                acc[r][t] += q4_0_value(qw, dw, lo, hi, xs, dx);
               } else {
                 const int qw[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
                 const int xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-                sum = 0;
+                int sum = 0;
   #pragma unroll
                 for (int m = 0; m < 8; ++m) sum = __dp4a(qw[m], xw[m], sum);
+                acc[r][t] += static_cast<float>(sum) * (dw * dx);
               }
-              acc[r][t] += static_cast<float>(sum) * (dw * dx);
             }
           }
     };
@@ -894,10 +893,8 @@ __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg,
       const int xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
 #pragma unroll
       for (int r = 0; r < kSRows; ++r) {
-        // ggml's vec_dot_q4_0_q8_0 order: one integer per block, scaled once.
-        const float dw = __half2float(__ushort_as_half(d[r][k]));
         const int qw[4] = {q[r][k].x, q[r][k].y, q[r][k].z, q[r][k].w};
-        acc[r] += static_cast<float>(q4_0_idot(qw, lo, hi, -xs)) * (dw * dx);
+        acc[r] += q4_0_value(qw, __half2float(__ushort_as_half(d[r][k])), lo, hi, xs, dx);
       }
     }
 #pragma unroll
