@@ -300,15 +300,18 @@ __device__ __forceinline__ int q6k_scale(const uint32_t (&sc)[2], int b) {
 // block or sub-block, then the float scales; Q4_K's min term from the activation's per-32
 // sums). A lane loads its activation once for all R rows: v3 with R = 1 spent more load
 // instructions on the activation than on the weights (Q4_0: 11 loads per 16 weights).
-template <int T, int NT, int R>
+// kLanes: the lanes that share the rows (32, or a sub-warp of 8 or 16 aligned lanes: matvec.cu's
+// narrow K-quant kernel), lane l of them taking the blocks the warp's lane l would.
+template <int T, int NT, int R, int kLanes = 32>
 __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, const uint8_t* s, int64_t rs, int64_t b0,
                                            int nb, float (&acc)[R][NT]) {
-  const int lane = threadIdx.x % 32;
+  static_assert(kLanes == 32 || kLanes == 16 || kLanes == 8, "a warp or an aligned sub-warp");
+  const int lane = threadIdx.x % kLanes;
   if constexpr (T == kQ4_0Pairs) {
     // Pairs for one token only (registers); one token takes LaneDot<kQ4_0Pairs> in the stream
     // kernel, the only kernel of this variant.
     static_assert(NT > 1, "one-token Q4_0 pairs go through LaneDot");
-    blocks_dot<kQ4_0, NT, R>(a, x, s, rs, b0, nb, acc);
+    blocks_dot<kQ4_0, NT, R, kLanes>(a, x, s, rs, b0, nb, acc);
   } else if constexpr (T == kQ4_0 || T == kQ8_0) {
     // Lanes per weight block: Q4_0 2 (bytes [8k, 8k + 8) of qs: elements 8k.. and 16 + 8k..),
     // Q8_0 4 (elements [8k, 8k + 8)). Activation pieces are 8-byte aligned: one int2 load each.
@@ -316,7 +319,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     constexpr int kBytes = BlockGeom<T>::kBytes;
     const int k = lane % kLpb;
     const int64_t n_blk = a.n_in / 32;
-    for (int i = lane / kLpb; i < nb; i += 32 / kLpb) {
+    for (int i = lane / kLpb; i < nb; i += kLanes / kLpb) {
       const int64_t ib = b0 + i;
       int2 u0[NT], u1[NT];
       float dx[NT];
@@ -377,7 +380,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     constexpr int kBytes = BlockGeom<T>::kBytes, kQs = T == kQ5_K ? 48 : 16;
     const int g = lane % 4;
     const int64_t n_sb = a.n_in / 256;
-    for (int i = lane / 4; i < nb; i += 8) {
+    for (int i = lane / 4; i < nb; i += kLanes / 4) {
       const int64_t ib = b0 + i;
       float dx[NT];
       int xs0[NT], xs1[NT];
@@ -435,7 +438,7 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
     // like change took the 8B Q8_0 token 3.145 -> 2.81 ms, H200.)
     const int k = lane % 8, h = k / 4, l8 = 8 * (k % 4), is = l8 / 16;
     const int64_t n_sb = a.n_in / 256;
-    for (int i = lane / 8; i < nb; i += 4) {
+    for (int i = lane / 8; i < nb; i += kLanes / 8) {
       const int64_t ib = b0 + i;
       uint32_t ql0[R][2], ql1[R][2], qh[R][2];  // ql at l8, ql at 32 + l8, qh at l8: words 0, 1
       int scj[R][4];

@@ -837,11 +837,56 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
 // even at 6 (80 registers), so Q8_0 keeps matvec_reg_kernel.
 constexpr int64_t kNarrowMaxIn = 2048;
 constexpr int kNarrowBlocks = 4;  // blocks a lane loads per row: 16 lanes cover 2048 elements
+
+// A narrow kernel's sub-warp of L lanes: its row pair (g, past the launch's last when !live:
+// such lanes still take part in the shuffles), product seg and that pair's first row.
+struct NarrowPair {
+  int64_t g, row0, n_out;
+  int seg;
+  bool live;
+  const uint8_t* w;  // row0's bytes (the slot's expert applied)
+  size_t row_bytes;
+};
+template <int L>
+__device__ __forceinline__ NarrowPair narrow_pair(const Segs& sg, const Args& first, int64_t slot_e, int64_t g0,
+                                                  int64_t end) {
+  NarrowPair np;
+  np.g = g0 + threadIdx.x % 32 / L;
+  np.live = np.g < end;
+  np.seg = 0;
+  while (np.seg < sg.n - 1 && np.g >= sg.g_end[np.seg]) ++np.seg;
+  const int seg = np.seg;
+  np.row0 = (np.g - (seg > 0 ? sg.g_end[seg - 1] : 0)) * kSRows;
+  const uint8_t* const w = seg == 0 ? first.w : sg.a[seg].w + slot_e * sg.a[seg].expert_bytes;
+  np.row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
+  np.n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
+  np.w = w + np.row0 * np.row_bytes;
+  return np;
+}
+// The sub-warp's row pair sums (lane partials) reduced within its L lanes and stored by its
+// first lane through the epilogue; first has select_slot applied.
+template <int L>
+__device__ __forceinline__ void narrow_store(const Segs& sg, const Args& first, const NarrowPair& np, float (&acc)[kSRows]) {
+#pragma unroll
+  for (int r = 0; r < kSRows; ++r)
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  if (!np.live || threadIdx.x % 32 % L != 0) return;
+  Args a = first;
+  if (np.seg != 0) {
+    a = sg.a[np.seg];
+    select_slot(a);
+  }
+#pragma unroll
+  for (int r = 0; r < kSRows; ++r)
+    if (np.row0 + r < np.n_out) a.y[np.row0 + r] = final_value(a, np.row0 + r, 0, acc[r]);
+}
+
 template <int T, int L>
 __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg, StagedAct x) {
   static_assert(T == kQ4_0X8, "Q4_0 x8 rows");
   static_assert(L == 8 || L == 16, "whole 8-block groups a sub-warp");
-  constexpr int kSub = 32 / L, KB = kNarrowBlocks;
+  constexpr int KB = kNarrowBlocks;
   Args first = sg.a[0];
   if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();  // as matvec_reg_kernel
   const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
@@ -850,24 +895,18 @@ __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg,
     x.q8 += xr * first.n_in;
     x.d8 += xr * (first.n_in / 32);
   }
-  const int lane = threadIdx.x % 32, sl = lane % L;
-  const int64_t g0 = (int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32) * kSub, end = sg.g_end[sg.n - 1];
+  const int sl = threadIdx.x % 32 % L;
+  const int64_t g0 = (int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32) * (32 / L), end = sg.g_end[sg.n - 1];
   if (g0 >= end) return;  // warp-uniform; sub-warps past the end stay for the shuffles
-  const int64_t g = g0 + lane / L;
-  const bool live = g < end;
-  int seg = 0;
-  while (seg < sg.n - 1 && g >= sg.g_end[seg]) ++seg;
-  const int64_t row0 = (g - (seg > 0 ? sg.g_end[seg - 1] : 0)) * kSRows;
-  const uint8_t* const w = seg == 0 ? first.w : sg.a[seg].w + slot_e * sg.a[seg].expert_bytes;
-  const size_t row_bytes = seg == 0 ? first.row_bytes : sg.a[seg].row_bytes;
-  const int64_t n_out = seg == 0 ? first.n_out : sg.a[seg].n_out;
+  const NarrowPair np = narrow_pair<L>(sg, first, slot_e, g0, end);
   const uint8_t* rows[kSRows];
-  rows[0] = w + row0 * row_bytes;
-  rows[1] = row0 + 1 < n_out ? rows[0] + row_bytes : rows[0];
+  rows[0] = np.w;
+  rows[1] = np.row0 + 1 < np.n_out ? rows[0] + np.row_bytes : rows[0];
   constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8, kQuant = kBlock - 2;  // 144, 18, 16 bytes
   // Block l + L k: group L k / 8 + l / 8 (L k is a multiple of 8), block l % 8 in it.
   const int qj = (sl / 8) * kGroup + 16 * (sl % 8), dj = (sl / 8) * kGroup + 8 * kQuant + 2 * (sl % 8);
   const int nb = static_cast<int>(first.n_in / 32);
+  const bool live = np.live;
   int4 q[kSRows][KB];
   unsigned short d[kSRows][KB];
 #pragma unroll
@@ -897,19 +936,45 @@ __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg,
         acc[r] += q4_0_value(qw, __half2float(__ushort_as_half(d[r][k])), lo, hi, xs, dx);
       }
     }
-#pragma unroll
-  for (int r = 0; r < kSRows; ++r)
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-  if (!live || sl != 0) return;
-  Args a = first;  // select_slot applied
-  if (seg != 0) {
-    a = sg.a[seg];
-    select_slot(a);
+  narrow_store<L>(sg, first, np, acc);
+}
+
+// Narrow K-quant rows, one token: Q4_K / Q5_K (4 lanes a super-block) and Q6_K (8) rows of at
+// most 16 lanes' super-blocks (n_in <= 1024, Q6_K 512), the MoE experts' down products
+// (qwen3-next-80b-a3b: 512 wide; 2048 rows an expert, 11 slots). A warp of the stream kernel
+// took such a row pair with 8 or 16 of its lanes, and Q6_K's 420-byte rows (not staged: not a
+// multiple of 16 bytes) took the direct kernel, a warp a row without PDL. Here sub-warps of L
+// lanes, a row pair each, run blocks_dot on the rows in place (its L-lane form). Measured (H200,
+// qwen3-next-80b-a3b Q4_K_M, one call each, two rounds alternating): 8 layers tg128 1613.3 /
+// 1624.1 -> 1662.7 / 1701.2 t/s; 4 layers tg128 2738.1 / 2739.9 -> 2863.0 / 2856.8, and pp512
+// (its slot products: about 10 rows an expert) 16628 / 16662 -> 25174 / 25085.
+template <int T, int L>
+__global__ void __launch_bounds__(kSWarps * 32) matvec_narrow_k_kernel(Segs sg, StagedAct x) {
+  static_assert(T == kQ4_K || T == kQ5_K || T == kQ6_K, "K-quant rows");
+  Args first = sg.a[0];
+  grid_dependency_wait();  // blocks_dot loads the weights with the activation
+  const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
+  x.q8k = x.q8k.at_row(select_slot(first), first.n_in);
+  const int64_t g0 = (int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32) * (32 / L), end = sg.g_end[sg.n - 1];
+  if (g0 >= end) return;  // warp-uniform; sub-warps past the end stay for the shuffles
+  const NarrowPair np = narrow_pair<L>(sg, first, slot_e, g0, end);
+  float acc2[kSRows][1] = {};
+  if (np.live)
+    blocks_dot<T, 1, kSRows, L>(first, x, np.w, np.row0 + 1 < np.n_out ? static_cast<int64_t>(np.row_bytes) : 0, 0,
+                                static_cast<int>(first.n_in / Staged<T>::kBlockElems), acc2);
+  float acc[kSRows] = {acc2[0][0], acc2[1][0]};
+  narrow_store<L>(sg, first, np, acc);
+}
+
+// Sub-warp lanes a narrow K-quant launch takes per row pair (blocks_dot: 4 lanes a Q4_K / Q5_K
+// super-block, 8 a Q6_K one), or 0 where rows need more than 16.
+template <int T>
+constexpr int narrow_k_lanes(int64_t n_in) {
+  if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) {
+    const int64_t lanes = n_in / 256 * (T == kQ6_K ? 8 : 4);
+    return lanes <= 8 ? 8 : lanes <= 16 ? 16 : 0;
   }
-#pragma unroll
-  for (int r = 0; r < kSRows; ++r)
-    if (row0 + r < n_out) a.y[row0 + r] = final_value(a, row0 + r, 0, acc[r]);
+  return 0;
 }
 
 // MatmulParams::rope for the products ps[0, n) of one stream launch (launch_matmuls checked
@@ -1011,7 +1076,9 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     }
   const StreamRope rope = stream_rope(ps, n);  // matmul_can_rope held: staged rows
   FRINK_CUDA_CHECK(!rope.pos || staged ? cudaSuccess : cudaErrorInvalidValue);
-  if (!staged) {
+  // One-token K-quant rows of few super-blocks, staged or not: matvec_narrow_k_kernel.
+  const int narrow_k = !rope.pos && (p.slot_expert || p.n_tok == 1) ? narrow_k_lanes<T>(p.n_in) : 0;
+  if (!staged && narrow_k == 0) {
     // Plain types without staging take matvec_kernel (dispatch); kQ4_0Pairs needs the staged
     // chunk's 4-byte alignment, and is only chosen with staged rows.
     // x8 rows are whole groups of 144, 272, 1152 or 1680 bytes from an allocation's start: always staged.
@@ -1068,6 +1135,15 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
+      if constexpr (narrow_k_lanes<T>(256) > 0 && NT == 1 && !R) {
+        if (narrow_k > 0) {
+          const int64_t warps = (groups * narrow_k + 31) / 32;
+          const dim3 gr(static_cast<unsigned>((warps + kSWarps - 1) / kSWarps), g.y);
+          if (narrow_k == 8) launch_dependent(matvec_narrow_k_kernel<T, 8>, gr, b, 0, p.stream, s, x);
+          else launch_dependent(matvec_narrow_k_kernel<T, 16>, gr, b, 0, p.stream, s, x);
+          return;
+        }
+      }
       if constexpr (kReg) {
         if constexpr (NT == 1 && !R && T == kQ4_0X8) {
           if (p.n_in <= kNarrowMaxIn) {  // matvec_narrow_kernel
