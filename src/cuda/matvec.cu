@@ -1135,23 +1135,23 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     auto go = [&](auto nt, auto rope) {
       constexpr int NT = decltype(nt)::value;
       constexpr bool R = decltype(rope)::value;
+      // The narrow kernels' grid: a row pair to each sub-warp of `lanes`.
+      const auto narrow_grid = [&](int lanes) {
+        const int64_t warps = (groups * lanes + 31) / 32;
+        return dim3(static_cast<unsigned>((warps + kSWarps - 1) / kSWarps), g.y);
+      };
       if constexpr (narrow_k_lanes<T>(256) > 0 && NT == 1 && !R) {
         if (narrow_k > 0) {
-          const int64_t warps = (groups * narrow_k + 31) / 32;
-          const dim3 gr(static_cast<unsigned>((warps + kSWarps - 1) / kSWarps), g.y);
-          if (narrow_k == 8) launch_dependent(matvec_narrow_k_kernel<T, 8>, gr, b, 0, p.stream, s, x);
-          else launch_dependent(matvec_narrow_k_kernel<T, 16>, gr, b, 0, p.stream, s, x);
+          if (narrow_k == 8) launch_dependent(matvec_narrow_k_kernel<T, 8>, narrow_grid(8), b, 0, p.stream, s, x);
+          else launch_dependent(matvec_narrow_k_kernel<T, 16>, narrow_grid(16), b, 0, p.stream, s, x);
           return;
         }
       }
       if constexpr (kReg) {
         if constexpr (NT == 1 && !R && T == kQ4_0X8) {
           if (p.n_in <= kNarrowMaxIn) {  // matvec_narrow_kernel
-            const bool l8 = p.n_in <= 8 * 32 * kNarrowBlocks;
-            const int64_t warps = l8 ? (groups + 3) / 4 : (groups + 1) / 2;
-            const dim3 gr(static_cast<unsigned>((warps + kSWarps - 1) / kSWarps), g.y);
-            if (l8) launch_dependent(matvec_narrow_kernel<T, 8>, gr, b, 0, p.stream, s, x);
-            else launch_dependent(matvec_narrow_kernel<T, 16>, gr, b, 0, p.stream, s, x);
+            if (p.n_in <= 8 * 32 * kNarrowBlocks) launch_dependent(matvec_narrow_kernel<T, 8>, narrow_grid(8), b, 0, p.stream, s, x);
+            else launch_dependent(matvec_narrow_kernel<T, 16>, narrow_grid(16), b, 0, p.stream, s, x);
             return;
           }
         }
