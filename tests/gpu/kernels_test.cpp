@@ -1404,37 +1404,40 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
 }
 
 // The weighted sum of the chosen experts' outputs (+ the gated shared expert, + residual in
-// place) in the host's order of operations.
+// place) in the host's order of operations; k = 20 also takes the slots past the ones the
+// kernel loads up front (kCombineLoads).
 TEST(CudaKernels, MoeCombineMatchesHostOrder) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(47);
-  const int64_t n_tok = 3, k = 4, E = 96;
-  const auto y = random_floats(rng, n_tok * k * E), w = random_floats(rng, n_tok * k), sh = random_floats(rng, n_tok * E),
-             g = random_floats(rng, n_tok, 2.0f), r = random_floats(rng, n_tok * E);
-  std::vector<float> ref(static_cast<size_t>(n_tok * E));
-  for (int64_t t = 0; t < n_tok; ++t)
-    for (int64_t d = 0; d < E; ++d) {
-      float o = y[(t * k) * E + d] * w[t * k];
-      for (int64_t j = 1; j < k; ++j) o += y[(t * k + j) * E + d] * w[t * k + j];
-      const float v = g[t];
-      o += sh[t * E + d] * (v / (1.0f + std::exp(-v)) / v);
-      ref[t * E + d] = r[t * E + d] + o;
-    }
-  Dev<float> dy(y), dw(w), dsh(sh), dg(g), dr(r);
-  cuda::CombineParams p;
-  p.y = dy.p;
-  p.weight = dw.p;
-  p.n_tok = n_tok;
-  p.k = k;
-  p.n_embd = E;
-  p.shared = dsh.p;
-  p.shared_gate = dg.p;
-  p.residual = dr.p;
-  p.out = dr.p;
-  cuda::launch_moe_combine(p);
-  const auto out = dr.get();
-  // f32 on both sides; the device may contract a multiply-add into an FMA: 1e-12.
-  EXPECT_LT(nmse(out.data(), ref.data(), ref.size()), 1e-12);
+  for (const int64_t k : {4, 8, 20}) {
+    const int64_t n_tok = 3, E = 96;
+    const auto y = random_floats(rng, n_tok * k * E), w = random_floats(rng, n_tok * k),
+               sh = random_floats(rng, n_tok * E), g = random_floats(rng, n_tok, 2.0f), r = random_floats(rng, n_tok * E);
+    std::vector<float> ref(static_cast<size_t>(n_tok * E));
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t d = 0; d < E; ++d) {
+        float o = y[(t * k) * E + d] * w[t * k];
+        for (int64_t j = 1; j < k; ++j) o += y[(t * k + j) * E + d] * w[t * k + j];
+        const float v = g[t];
+        o += sh[t * E + d] * (v / (1.0f + std::exp(-v)) / v);
+        ref[t * E + d] = r[t * E + d] + o;
+      }
+    Dev<float> dy(y), dw(w), dsh(sh), dg(g), dr(r);
+    cuda::CombineParams p;
+    p.y = dy.p;
+    p.weight = dw.p;
+    p.n_tok = n_tok;
+    p.k = k;
+    p.n_embd = E;
+    p.shared = dsh.p;
+    p.shared_gate = dg.p;
+    p.residual = dr.p;
+    p.out = dr.p;
+    cuda::launch_moe_combine(p);
+    const auto out = dr.get();
+    // f32 on both sides; the device may contract a multiply-add into an FMA: 1e-12.
+    EXPECT_LT(nmse(out.data(), ref.data(), ref.size()), 1e-12) << "k " << k;
+  }
 }
 
 // Penalties and top-k on the device = the host sampler's: the llama.cpp penalty formula on
