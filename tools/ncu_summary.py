@@ -3,7 +3,10 @@
 
 Usage: ncu_summary.py NCU.csv [--grid]   -> a table of total / count / mean microseconds per kernel,
 largest first, and the grand total. Used to see where a decode token's time goes."""
-import csv, sys, collections
+import csv, sys, collections, signal
+
+# Piped into head (gpu_run.sh does), stop quietly when the reader has had enough.
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 rows = []
 with open(sys.argv[1]) as f:
