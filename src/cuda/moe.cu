@@ -31,9 +31,6 @@ __device__ __forceinline__ uint64_t rank_key(float s, int e) {
 // from here, so the two paths weigh the shared expert with the same bits.
 __device__ __forceinline__ float shared_gate_weight(float v) { return v / (1.0f + expf(-v)) / v; }
 
-// Slots of a token whose outputs combine_kernel loads before its first multiply-add.
-constexpr int kCombineLoads = 16;
-
 // The largest of a lane's keys, as a tree: the linear scan was a chain of kPer dependent
 // 64-bit selects per top-k step (16 of them for a 512-expert router).
 template <int kPer>
@@ -160,6 +157,9 @@ __global__ void route_kernel(RouteParams p) {
     p.weight[t * slots + k] = p.shared == 2 ? shared_gate_weight(lg[E]) : 1.0f;
   }
 }
+
+// Slots of a token whose outputs combine_kernel loads before its first multiply-add.
+constexpr int kCombineLoads = 16;
 
 __global__ void combine_kernel(CombineParams p) {
   const int64_t n = p.n_tok * p.n_embd;
