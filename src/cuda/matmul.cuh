@@ -16,6 +16,8 @@
 
 namespace frink::cuda {
 
+struct RouteParams;  // moe.cuh
+
 struct RopeLaunch;  // rope.cuh
 
 inline constexpr int64_t kMatvecMaxTok = 8;
@@ -50,8 +52,15 @@ struct MatmulParams {
   // dependency wait (pdl.cuh). moe_ffn sets it on the experts' down product only: its
   // predecessor (the GLU) starts after the gate/up product started, and that one started
   // after the routing had finished (a plain launch, which never releases its successor
-  // early). Elsewhere the routing may be the predecessor itself: leave it false.
+  // early), or wrote the routing itself (route below) and finished before the GLU's blocks
+  // passed their wait. Elsewhere the routing may be the predecessor itself: leave it false.
   bool slots_settled = false;
+  // The routing of this launch's one token run by the launch's own blocks, in place of a
+  // routing kernel (launch_route) before it, where matmul_routes_in_launch holds: slot_expert
+  // is then route->expert, which block (0, 0) writes (with route->weight) for the products and
+  // the combine after this launch; this launch's blocks take their slots' experts from their
+  // own ranking. Read at launch.
+  const RouteParams* route = nullptr;
   // Expert rows (prompt-sized MoE batches; moe.cuh SlotSort): w is a stack of experts as for
   // slots, and the n_tok rows of x and y are in expert order, group_rows[e] of them for expert
   // e (HOST memory, n_expert entries, summing to n_tok). Each expert with rows is one product,
@@ -173,6 +182,18 @@ bool matmul_reads_q8_0(const MatmulParams& p);
 // y itself or another buffer); cuBLAS batches in place (residual == y, added through beta = 1),
 // with no bias or scale after the product. Never expert products.
 bool matmul_adds_residual(const MatmulParams& p);
+// Experts a launch that routes itself ranks at most (4 a lane). A 512-expert routing (top-10
+// over 16 keys a lane) in every block of qwen3-next-80b-a3b's Q4_K gate/up lost to the routing
+// kernel: 8 layers Q4_K_M, graph 0.543 / 0.543 -> 0.578 / 0.578 ms (H200, one call); its
+// top-k took the kernel past 64 registers (16 bytes spilled).
+inline constexpr int64_t kRouteInLaunchMaxExperts = 128;
+// Whether expert product p (and the products launched beside it, of p's type and width) can
+// take MatmulParams::route with routing r: one token's Q4_0 rows of at most 2048 elements as
+// the device keeps them (matvec_narrow_kernel) with act_round set, at most
+// kRouteInLaunchMaxExperts experts. On the row-pair kernel (Q8_0, Q4_K, Q6_K experts) the
+// routing in the launch lost: qwen3-30b-a3b 16 layers, graph ms, Q8_0 0.877 / 0.880 -> 0.902 /
+// 0.898, Q4_K_M 0.860 / 0.860 -> 0.901 / 0.900 (H200, one call, alternating).
+bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r);
 // Whether product p reads x from act_round rounded to f16 / bf16 and kept as f32 ([n_tok][n_in];
 // F16 / BF16 weights on the matrix-vector path, act_round set): what a producer writes there
 // for x_prepared (the norm and GLU producers, the attention merge: AttnParams::out_round).

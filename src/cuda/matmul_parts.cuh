@@ -39,14 +39,18 @@ inline Args args_of(const MatmulParams& p) {
 // Expert mode (a.slot_expert set): the block's grid row blockIdx.y is slot s. Points a at
 // expert slot_expert[s]'s matrix, bias row and scale and at output row s, and returns the
 // activation row the slot reads (s / x_div). Otherwise returns 0 and changes nothing.
-__device__ __forceinline__ int64_t select_slot(Args& a) {
+// e: the slot's expert, where the kernel has it already (the narrow kernel's routing).
+__device__ __forceinline__ int64_t select_slot(Args& a, int64_t e) {
   if (!a.slot_expert) return 0;
-  const int64_t s = a.slot0 + blockIdx.y, e = a.slot_expert[s];
+  const int64_t s = a.slot0 + blockIdx.y;
   a.w += e * a.expert_bytes;
   a.y += s * a.y_stride;
   if (a.bias) a.bias += e * a.n_out;
   if (a.expert_scale) a.scale = a.expert_scale[e];
   return s / a.x_div;
+}
+__device__ __forceinline__ int64_t select_slot(Args& a) {
+  return a.slot_expert ? select_slot(a, a.slot_expert[a.slot0 + blockIdx.y]) : 0;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

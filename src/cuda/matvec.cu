@@ -29,6 +29,7 @@
 #include "cuda/occupancy.h"
 #include "cuda/pdl.cuh"
 #include "cuda/rope_math.cuh"
+#include "cuda/route_token.cuh"
 
 namespace frink::cuda::mm {
 
@@ -155,7 +156,32 @@ struct Segs {
   bool plain;
   bool slots_settled;  // MatmulParams::slots_settled (the launch's products share one routing)
   StreamRope rope;
+  bool routes;         // MatmulParams::route set (copied into `route`): matvec_narrow_kernel's RK
+  RouteParams route;
 };
+
+// The expert of this block's slot (grid row blockIdx.y) in an expert launch (0 otherwise),
+// read after the wait that the routing needs. RK 0: from slot_expert, which the routing kernel
+// wrote (no wait where it finished before this launch's predecessor began: slots_settled).
+// RK 4 (experts a lane: up to kRouteInLaunchMaxExperts; matvec_narrow_kernel): the launch
+// routes its token itself (MatmulParams::route): warp 0 of every block ranks the experts from
+// the router's logits and takes its slot's, and block (0, 0) stores the routing for the down
+// product and the combine. One kernel boundary fewer on a MoE layer's chain for a top-k in
+// every block. (The kernel then has the expert that slot_expert does not hold yet: select_slot
+// and narrow_store take it as slot_e.)
+template <int RK>
+__device__ __forceinline__ int64_t block_slot_expert(const Segs& sg, const Args& first) {
+  if constexpr (RK > 0) {
+    __shared__ int32_t chosen[kMaxUsed];
+    grid_dependency_wait();
+    if (threadIdx.x < 32) route_token<RK>(sg.route, 0, chosen, blockIdx.x == 0 && blockIdx.y == 0);
+    __syncthreads();
+    return chosen[first.slot0 + blockIdx.y];
+  } else {
+    if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
+    return first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
+  }
+}
 
 // Output row row0 + r of product seg of a decode launch (bounds checked), with the slot's
 // expert applied; first is sg.a[0] with select_slot applied, v the lanes' partial sums.
@@ -255,10 +281,9 @@ __global__ void __launch_bounds__(kSWarps * 32, T == kQ8_0 && NT == 1 && KS > 1 
   // products follow one routing: launch_matmuls groups them so); `first` once here, the
   // others where their rows are copied (w + e * expert_bytes) and stored.
   Args first = sg.a[0];
-  // The slots' experts come from the routing kernel: wait for it, unless it finished before
-  // our predecessor began (then the weights' first copies below overlap that predecessor too).
-  if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
-  const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
+  // (Without slots_settled the wait comes first; then the weights' first copies below overlap
+  // the predecessor too.)
+  const int64_t slot_e = block_slot_expert<0>(sg, first);
   {
     const int64_t xr = select_slot(first);
     if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) x.q8k = x.q8k.at_row(xr, first.n_in);
@@ -569,9 +594,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
   static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
   Args first = sg.a[0];
-  // The slots' experts come from the routing kernel (as in the stream kernel).
-  if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();
-  const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
+  const int64_t slot_e = block_slot_expert<0>(sg, first);  // (as in the stream kernel)
   {
     const int64_t xr = select_slot(first);
     if constexpr (Staged<T>::kPlain) {
@@ -864,9 +887,11 @@ __device__ __forceinline__ NarrowPair narrow_pair(const Segs& sg, const Args& fi
   return np;
 }
 // The sub-warp's row pair sums (lane partials) reduced within its L lanes and stored by its
-// first lane through the epilogue; first has select_slot applied.
+// first lane through the epilogue; first has select_slot applied. slot_e >= 0: the slot's
+// expert, where the launch routed itself (block_slot_expert); else read from slot_expert again.
 template <int L>
-__device__ __forceinline__ void narrow_store(const Segs& sg, const Args& first, const NarrowPair& np, float (&acc)[kSRows]) {
+__device__ __forceinline__ void narrow_store(const Segs& sg, const Args& first, const NarrowPair& np, float (&acc)[kSRows],
+                                             int64_t slot_e = -1) {
 #pragma unroll
   for (int r = 0; r < kSRows; ++r)
 #pragma unroll
@@ -875,23 +900,24 @@ __device__ __forceinline__ void narrow_store(const Segs& sg, const Args& first, 
   Args a = first;
   if (np.seg != 0) {
     a = sg.a[np.seg];
-    select_slot(a);
+    if (slot_e >= 0) select_slot(a, slot_e);
+    else select_slot(a);
   }
 #pragma unroll
   for (int r = 0; r < kSRows; ++r)
     if (np.row0 + r < np.n_out) a.y[np.row0 + r] = final_value(a, np.row0 + r, 0, acc[r]);
 }
 
-template <int T, int L>
+// RK: block_slot_expert's.
+template <int T, int L, int RK = 0>
 __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg, StagedAct x) {
   static_assert(T == kQ4_0X8, "Q4_0 x8 rows");
   static_assert(L == 8 || L == 16, "whole 8-block groups a sub-warp");
   constexpr int KB = kNarrowBlocks;
   Args first = sg.a[0];
-  if (first.slot_expert && !sg.slots_settled) grid_dependency_wait();  // as matvec_reg_kernel
-  const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
+  const int64_t slot_e = block_slot_expert<RK>(sg, first);
   {
-    const int64_t xr = select_slot(first);
+    const int64_t xr = RK > 0 ? select_slot(first, slot_e) : select_slot(first);
     x.q8 += xr * first.n_in;
     x.d8 += xr * (first.n_in / 32);
   }
@@ -936,7 +962,7 @@ __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg,
         acc[r] += q4_0_value(qw, __half2float(__ushort_as_half(d[r][k])), lo, hi, xs, dx);
       }
     }
-  narrow_store<L>(sg, first, np, acc);
+  narrow_store<L>(sg, first, np, acc, RK > 0 ? slot_e : -1);
 }
 
 // Narrow K-quant rows, one token: Q4_K / Q5_K (4 lanes a super-block) and Q6_K (8) rows of at
@@ -953,7 +979,7 @@ __global__ void __launch_bounds__(kSWarps * 32) matvec_narrow_k_kernel(Segs sg, 
   static_assert(T == kQ4_K || T == kQ5_K || T == kQ6_K, "K-quant rows");
   Args first = sg.a[0];
   grid_dependency_wait();  // blocks_dot loads the weights with the activation
-  const int64_t slot_e = first.slot_expert ? first.slot_expert[first.slot0 + blockIdx.y] : 0;
+  const int64_t slot_e = block_slot_expert<0>(sg, first);
   x.q8k = x.q8k.at_row(select_slot(first), first.n_in);
   const int64_t g0 = (int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32) * (32 / L), end = sg.g_end[sg.n - 1];
   if (g0 >= end) return;  // warp-uniform; sub-warps past the end stay for the shuffles
@@ -1098,6 +1124,11 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   Segs sg{};
   sg.n = n;
   sg.rope = rope;
+  sg.routes = ps[0].route != nullptr;
+  if (sg.routes) {  // matvec_narrow_kernel routes, where this holds
+    FRINK_CUDA_CHECK(matmul_routes_in_launch(ps[0], *ps[0].route) ? cudaSuccess : cudaErrorInvalidValue);
+    sg.route = *ps[0].route;
+  }
   sg.plain = true;
   sg.slots_settled = p.slots_settled;
   int64_t groups = 0;
@@ -1150,8 +1181,17 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
       if constexpr (kReg) {
         if constexpr (NT == 1 && !R && T == kQ4_0X8) {
           if (p.n_in <= kNarrowMaxIn) {  // matvec_narrow_kernel
-            if (p.n_in <= 8 * 32 * kNarrowBlocks) launch_dependent(matvec_narrow_kernel<T, 8>, narrow_grid(8), b, 0, p.stream, s, x);
-            else launch_dependent(matvec_narrow_kernel<T, 16>, narrow_grid(16), b, 0, p.stream, s, x);
+            const auto narrow = [&](auto lanes, auto rk) {
+              constexpr int L = decltype(lanes)::value;
+              launch_dependent(matvec_narrow_kernel<T, L, decltype(rk)::value>, narrow_grid(L), b, 0, p.stream, s, x);
+            };
+            using L8 = std::integral_constant<int, 8>;
+            using L16 = std::integral_constant<int, 16>;
+            using R0 = std::integral_constant<int, 0>;
+            using R4 = std::integral_constant<int, 4>;
+            const bool l8 = p.n_in <= 8 * 32 * kNarrowBlocks;
+            if (!s.routes) l8 ? narrow(L8{}, R0{}) : narrow(L16{}, R0{});
+            else l8 ? narrow(L8{}, R4{}) : narrow(L16{}, R4{});
             return;
           }
         }
@@ -1258,3 +1298,13 @@ template void matvec_stream_launch<kF16>(const MatmulParams*, int, const StagedA
 template void matvec_stream_launch<kBF16>(const MatmulParams*, int, const StagedAct&);
 
 }  // namespace frink::cuda::mm
+
+namespace frink::cuda {
+
+bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r) {
+  return p.type == kQ4_0X8 && p.n_in <= mm::kNarrowMaxIn && p.slot_expert && p.act_round && p.n_tok == 1 && !p.rope && r.n_tok == 1 &&
+         r.n_expert > 0 && r.n_expert <= kRouteInLaunchMaxExperts && r.k > 0 && r.k <= r.n_expert && r.gating >= 0 && r.gating <= 2 &&
+         r.shared >= 0 && r.shared <= 2 && p.n_slots == r.k + (r.shared != 0) && p.n_slots <= kMaxUsed;
+}
+
+}  // namespace frink::cuda

@@ -78,7 +78,8 @@ TEST(CudaKernels, MatmulEveryTypeMatchesHostDequant) {
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   const std::vector<MatCase> cases = {{256, 7, 1, false},  {512, 33, 3, true},  {768, 65, 4, false},
                                       {1024, 17, 5, true}, {256, 130, 9, true}, {512, 77, 33, false},
-                                      {56, 9, 2, false},   {37, 13, 1, true},   {72, 130, 12, false}};
+                                      {56, 9, 2, false},   {37, 13, 1, true},   {72, 130, 12, false},
+                                      {3072, 21, 1, true}};
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
                      GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
                      GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
@@ -1157,6 +1158,87 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
   }
 }
 
+// The experts' gate/up launch that routes its token itself (MatmulParams::route) gives the
+// routing kernel's experts and weights, and launch_route's products, bit for bit: 128, 64 and
+// 60 experts (4 keys a lane, a lane's last empty), a softmax and a sigmoid gate with a
+// selection bias, and a stacked shared expert (slot k, the router's extra logit), on both
+// narrow kernels. 512 experts route in their own kernel (kRouteInLaunchMaxExperts).
+TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(71);
+  struct C {
+    GgmlType t;
+    int64_t n_in, n_out, n_expert, k;
+    ExpertGating gating;
+    int shared;
+  };
+  // matvec_narrow_kernel's sub-warps of 16 (2048 wide) and 8 lanes (768).
+  for (const C& c : {C{GgmlType::Q4_0, 2048, 768, 128, 8, ExpertGating::kSoftmax, 0},
+                     C{GgmlType::Q4_0, 2048, 768, 60, 4, ExpertGating::kSigmoid, 0},
+                     C{GgmlType::Q4_0, 2048, 768, 64, 6, ExpertGating::kSoftmax, 2},
+                     C{GgmlType::Q4_0, 768, 2048, 128, 8, ExpertGating::kSoftmax, 1}}) {
+    const int64_t n_in = c.n_in, n_out = c.n_out;
+    const int64_t stack = c.n_expert + (c.shared != 0), slots = c.k + (c.shared != 0);
+    const size_t expert_bytes = ggml_row_bytes(c.t, n_in) * static_cast<size_t>(n_out);
+    const auto gb = random_weights(rng, c.t, n_in, n_out * stack).bytes, ub = random_weights(rng, c.t, n_in, n_out * stack).bytes;
+    Dev<uint8_t> dg(gb), du(ub);
+    const int type = to_x8(c.t, dg.p, gb.size(), n_in);
+    to_x8(c.t, du.p, ub.size(), n_in);
+    ASSERT_NE(type, static_cast<int>(c.t)) << ggml_type_name(c.t) << " " << n_in;
+    Dev<float> dl(random_floats(rng, c.n_expert + (c.shared == 2), 2.0f)), dbias(random_floats(rng, c.n_expert, 0.1f));
+    Dev<float> dx(random_floats(rng, n_in)), dact(static_cast<size_t>(n_in));
+    std::vector<std::vector<float>> ys[2];
+    std::vector<int32_t> experts[2];
+    std::vector<float> weights[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Dev<int32_t> de(std::vector<int32_t>(static_cast<size_t>(slots), -1));
+      Dev<float> dw(static_cast<size_t>(slots)), dyg(static_cast<size_t>(slots * n_out)), dyu(static_cast<size_t>(slots * n_out));
+      cuda::RouteParams r;
+      r.logits = dl.p;
+      r.sel_bias = c.gating == ExpertGating::kSigmoid ? dbias.p : nullptr;
+      r.n_tok = 1;
+      r.n_expert = c.n_expert;
+      r.k = c.k;
+      r.gating = static_cast<int>(c.gating);
+      r.norm_w = true;
+      r.shared = c.shared;
+      r.expert = de.p;
+      r.weight = dw.p;
+      cuda::MatmulParams ps[2] = {mat_params(c.t, dg.p, n_in, n_out, dx.p, 1, dyg.p),
+                                  mat_params(c.t, du.p, n_in, n_out, dx.p, 1, dyu.p)};
+      for (cuda::MatmulParams& p : ps) {
+        p.type = type;
+        p.act_round = dact.p;
+        p.slot_expert = de.p;
+        p.n_slots = slots;
+        p.x_div = slots;
+        p.expert_bytes = expert_bytes;
+      }
+      ASSERT_TRUE(cuda::matmul_routes_in_launch(ps[0], r));
+      cuda::RouteParams wide = r;
+      wide.n_expert = cuda::kRouteInLaunchMaxExperts + 1;
+      EXPECT_FALSE(cuda::matmul_routes_in_launch(ps[0], wide));
+      cuda::MatmulParams two_tok = ps[0];
+      two_tok.n_tok = 2;
+      EXPECT_FALSE(cuda::matmul_routes_in_launch(two_tok, r));
+      if (fused) ps[0].route = &r;
+      else cuda::launch_route(r);
+      cuda::launch_matmuls(ps, 2);
+      ys[fused] = {dyg.get(), dyu.get()};
+      experts[fused] = de.get();
+      weights[fused] = dw.get();
+    }
+    const std::string what = std::string(ggml_type_name(c.t)) + " n_in " + std::to_string(n_in) + " n_expert " +
+                             std::to_string(c.n_expert);
+    EXPECT_EQ(experts[1], experts[0]) << what;
+    EXPECT_EQ(weights[1], weights[0]) << what;
+    EXPECT_EQ(ys[1], ys[0]) << what;
+    if (c.shared) {
+      EXPECT_EQ(experts[1].back(), c.n_expert) << what;
+    }
+  }
+}
+
 // Rows split over 2 or 4 warps (MatmulParams::ksplit) give the one-warp result up to f32
 // summation order, on rows of 2 to 14 chunks (a partial last chunk, counts that KS does not
 // divide, warps with no chunk), odd row counts, 1, 4 and 6 tokens, the residual in place, two grouped products,
@@ -1362,7 +1444,8 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
                                 {2304, 33, 4, false, true, true},     {14336, 24, 1, false, true, true},
                                 {768, 20001, 1, false, false, true},  {512, 37, 12, true, false, true},
                                 {4096, 17, 3, false, false, false},   {1024, 64, 8, false, false, true},
-                                {2048, 21, 12, true, false, true},    {2048, 4001, 1, false, true, true}};
+                                {2048, 21, 12, true, false, true},    {2048, 4001, 1, false, true, true},
+                                {4096, 1001, 1, true, false, true}};
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
     const GgmlType at = vec_dot_type(t);
     for (const C& c : cases) {
