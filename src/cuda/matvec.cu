@@ -1302,9 +1302,9 @@ template void matvec_stream_launch<kBF16>(const MatmulParams*, int, const Staged
 namespace frink::cuda {
 
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r) {
-  return p.type == kQ4_0X8 && p.n_in <= mm::kNarrowMaxIn && p.slot_expert && p.act_round && p.n_tok == 1 && !p.rope && r.n_tok == 1 &&
-         r.n_expert > 0 && r.n_expert <= kRouteInLaunchMaxExperts && r.k > 0 && r.k <= r.n_expert && r.gating >= 0 && r.gating <= 2 &&
-         r.shared >= 0 && r.shared <= 2 && p.n_slots == r.k + (r.shared != 0) && p.n_slots <= kMaxUsed;
+  return p.type == kQ4_0X8 && p.n_in <= mm::kNarrowMaxIn && p.slot_expert && p.act_round && p.n_tok == 1 && !p.rope &&
+         r.n_tok == 1 && route_params_ok(r) && r.n_expert <= kRouteInLaunchMaxExperts &&
+         p.n_slots == r.k + (r.shared != 0);
 }
 
 }  // namespace frink::cuda

@@ -120,11 +120,13 @@ void launch_slot_rows(float* dst, const float* src, int64_t width, const int32_t
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
+bool route_params_ok(const RouteParams& p) {
+  return p.n_expert > 0 && p.n_expert <= kMoeMaxExperts && p.k > 0 && p.k + (p.shared != 0) <= kMaxUsed &&
+         p.k <= p.n_expert && p.gating >= 0 && p.gating <= 2 && p.shared >= 0 && p.shared <= 2;
+}
+
 void launch_route(const RouteParams& p) {
-  FRINK_CUDA_CHECK(p.n_expert > 0 && p.n_expert <= kMoeMaxExperts && p.k > 0 && p.k + (p.shared != 0) <= kMaxUsed &&
-                           p.k <= p.n_expert && p.gating >= 0 && p.gating <= 2 && p.shared >= 0 && p.shared <= 2
-                       ? cudaSuccess
-                       : cudaErrorInvalidValue);
+  FRINK_CUDA_CHECK(route_params_ok(p) ? cudaSuccess : cudaErrorInvalidValue);
   const int64_t threads = p.n_tok * 32;
   const auto grid = static_cast<unsigned>((threads + 127) / 128);
   static_assert(kMoeMaxExperts == 16 * 32, "route_kernel<16> holds the most experts");

@@ -32,6 +32,10 @@ struct RouteParams {
 // One warp per token, the host's route_token step for step (group-limited routing is not
 // here: such layers refuse upstream).
 void launch_route(const RouteParams& p);
+// Whether route_token can run p (launch_route's and MatmulParams::route's check): 1 to
+// kMoeMaxExperts experts, 1 to n_expert chosen, slots (k + a stacked shared expert) within
+// route_token's arrays, a known gating and shared mode.
+bool route_params_ok(const RouteParams& p);
 
 // An F32 router's product of one token's normed h, run beside the norm that makes h
 // (launch_matmul_producer with a router: launch_norm_router in act_prep.cu): each row's block
