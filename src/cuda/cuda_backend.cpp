@@ -269,12 +269,16 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   } else {
     launch_route(r);
   }
+  // The combine in the down's launch takes the routed experts alone (a shared expert of its own
+  // adds its product in combine_experts).
+  const bool own_shared = mp.n_ff_shexp > 0 && !d.shexp_stacked;
+  bool combined = false;
   if (grouped) {
     moe_grouped_experts(p, d, h);
   } else {
-    moe_slot_experts(p, d, gu, n_gu);
+    combined = moe_slot_experts(p, d, gu, n_gu, n == 1 && !own_shared ? out : nullptr, residual);
   }
-  combine_experts(p, d, h, out, residual, gu[0].x_prepared ? &gu[0] : nullptr);
+  if (!combined) combine_experts(p, d, h, out, residual, gu[0].x_prepared ? &gu[0] : nullptr);
 }
 
 // The experts' GLU over `rows` rows of gate|up outputs in gu (one fused gate_up product:
@@ -296,7 +300,8 @@ static GluParams expert_glu(const MoePlan& mp, bool fused, float* gu, float* out
 // The chosen experts' products slot by slot (one matrix-vector product per token and expert,
 // reading the routing on the device: decode, and a token graph): y_e = down_e(glu(gate_e h,
 // up_e h)) into moe_y_, slot t * k + j.
-void CudaBackend::moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu) {
+bool CudaBackend::moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu, float* out,
+                                   const float* residual) {
   const MoePlan& mp = p.moe;
   const int64_t E = m_.hp.n_embd, S = n_tok_ * moe_stack(mp, d).slots;
   // gate, up = gate_e(x), up_e(x) for each chosen expert e   (or one fused gate_up_e(x), split)
@@ -306,7 +311,16 @@ void CudaBackend::moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, Mat
   MatmulParams down = expert_params(d.down_exps, moe_hidden_.f(), S, 1, moe_y_.f(), E);
   down.pre_glu = &g;
   down.slots_settled = true;  // the routing finished before the gate/up began (MatmulParams)
-  launch_matmul(down);
+  // out = residual + sum_j w_j y_j in the down's own launch: one kernel fewer on the chain.
+  // Measured (H200, qwen3-30b-a3b Q4_0 tg128 graph, one call, two rounds alternating): 2.016 /
+  // 2.007 -> 1.942 / 1.938 ms; logits bit for bit (`frink logits -b 1`, 4 layers).
+  MatmulParams comb = down;
+  comb.combine_w = moe_w_.f();
+  comb.y = out;
+  comb.residual = residual;
+  const bool combines = out && matmul_combines_in_launch(comb);
+  launch_matmul(combines ? comb : down);
+  return combines;
 }
 
 // The same products, each expert's tokens as one matrix product (a prompt-sized batch): the

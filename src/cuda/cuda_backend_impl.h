@@ -147,7 +147,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // preparation when it can: MatmulParams::pre_norm).
   void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
            const NormParams* pre_norm = nullptr);
-  void moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu);
+  // out set (one token, no shared expert of its own): the down adds the combine into out (+
+  // residual) where it can (MatmulParams::combine_w); true when it did.
+  bool moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu, float* out,
+                        const float* residual);
   void moe_grouped_experts(const LayerPlan& p, const DeviceLayer& d, const float* h);
   // h_blocks: the routed experts' first gate/up product when moe_h_q8_ holds h as its dp4a
   // blocks (the norm's producer wrote them), else null.

@@ -143,6 +143,7 @@ size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok) {
 bool matmul_reads_q8_0(const MatmulParams& p) { return act_prep_for(p) == kActDp4a; }
 
 bool matmul_adds_residual(const MatmulParams& p) {
+  if (p.combine_w) return matmul_combines_in_launch(p);  // its one row's residual
   if (!p.residual || p.slot_expert || p.group_rows) return false;
   return p.n_tok <= kMatvecMaxTok || (p.residual == p.y && !p.bias && p.scale == 1.0f);
 }
@@ -293,6 +294,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
     const MatmulParams& p0 = ps[0];
     FRINK_CUDA_CHECK(p.n_in > 0 && p.n_out > 0 && p.n_tok > 0 && p.x_stride >= p.n_in && p.y_stride >= p.n_out &&
                              (!p.residual || matmul_adds_residual(p)) &&
+                             (!p.combine_w || (n == 1 && matmul_combines_in_launch(p))) &&
                              (!p.group_rows || (!p.slot_expert && p.n_expert > 0 && p.group_ptrs)) &&
                              (!p.slot_expert || (p.n_slots > 0 && p.x_div >= 1 &&
                                                  p.n_tok == (p.n_slots + p.x_div - 1) / p.x_div)) &&

@@ -61,6 +61,11 @@ struct MatmulParams {
   // the combine after this launch; this launch's blocks take their slots' experts from their
   // own ranking. Read at launch.
   const RouteParams* route = nullptr;
+  // The MoE combine in this launch (the experts' down of one token, where
+  // matmul_combines_in_launch holds): y is ONE row [n_out] = (residual +) sum_j combine_w[j] *
+  // (slot j's product), launch_moe_combine's sum in its order, in place of the slots' rows.
+  // combine_w: [n_slots] device weights (RouteParams::weight). residual may alias y.
+  const float* combine_w = nullptr;
   // Expert rows (prompt-sized MoE batches; moe.cuh SlotSort): w is a stack of experts as for
   // slots, and the n_tok rows of x and y are in expert order, group_rows[e] of them for expert
   // e (HOST memory, n_expert entries, summing to n_tok). Each expert with rows is one product,
@@ -180,7 +185,7 @@ bool matmul_reads_q8_blocks(const MatmulParams& p);
 bool matmul_reads_q8_0(const MatmulParams& p);
 // Whether p, residual set, adds it in its own epilogue: matrix-vector batches (residual may be
 // y itself or another buffer); cuBLAS batches in place (residual == y, added through beta = 1),
-// with no bias or scale after the product. Never expert products.
+// with no bias or scale after the product. Never expert products, but combine_w's one row.
 bool matmul_adds_residual(const MatmulParams& p);
 // Experts a launch that routes itself ranks at most (4 a lane). A 512-expert routing (top-10
 // over 16 keys a lane) in every block of qwen3-next-80b-a3b's Q4_K gate/up lost to the routing
@@ -194,6 +199,11 @@ inline constexpr int64_t kRouteInLaunchMaxExperts = 128;
 // routing in the launch lost: qwen3-30b-a3b 16 layers, graph ms, Q8_0 0.877 / 0.880 -> 0.902 /
 // 0.898, Q4_K_M 0.860 / 0.860 -> 0.901 / 0.900 (H200, one call, alternating).
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r);
+// Whether expert product p can take MatmulParams::combine_w: one token's slots (x_div 1, a row
+// of x each, at most 16 of Q4_0 rows up to 1024 wide, 8 up to 2048) of Q4_0 rows as the device
+// keeps them (matvec_narrow_combine_kernel) with act_round set, slots_settled, no bias, expert
+// scale, scale, RoPE or routing in the launch.
+bool matmul_combines_in_launch(const MatmulParams& p);
 // Whether product p reads x from act_round rounded to f16 / bf16 and kept as f32 ([n_tok][n_in];
 // F16 / BF16 weights on the matrix-vector path, act_round set): what a producer writes there
 // for x_prepared (the norm and GLU producers, the attention merge: AttnParams::out_round).

@@ -886,16 +886,21 @@ __device__ __forceinline__ NarrowPair narrow_pair(const Segs& sg, const Args& fi
   np.w = w + np.row0 * np.row_bytes;
   return np;
 }
+// A sub-warp's L lane partials of its row pair summed, in every lane of it.
+template <int L>
+__device__ __forceinline__ void narrow_sum(float (&acc)[kSRows]) {
+#pragma unroll
+  for (int r = 0; r < kSRows; ++r)
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+}
 // The sub-warp's row pair sums (lane partials) reduced within its L lanes and stored by its
 // first lane through the epilogue; first has select_slot applied. slot_e >= 0: the slot's
 // expert, where the launch routed itself (block_slot_expert); else read from slot_expert again.
 template <int L>
 __device__ __forceinline__ void narrow_store(const Segs& sg, const Args& first, const NarrowPair& np, float (&acc)[kSRows],
                                              int64_t slot_e = -1) {
-#pragma unroll
-  for (int r = 0; r < kSRows; ++r)
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  narrow_sum<L>(acc);
   if (!np.live || threadIdx.x % 32 % L != 0) return;
   Args a = first;
   if (np.seg != 0) {
@@ -908,12 +913,54 @@ __device__ __forceinline__ void narrow_store(const Segs& sg, const Args& first, 
     if (np.row0 + r < np.n_out) a.y[np.row0 + r] = final_value(a, np.row0 + r, 0, acc[r]);
 }
 
+// A narrow sub-warp lane's weights of a Q4_0 x8 row pair: blocks sl, sl + L, ... of rows[0]
+// and rows[1] (kNarrowBlocks at most), loaded before the dependency wait (weights are no
+// kernel's output), then dotted with x's Q8_0 blocks after it. One copy of the arithmetic for
+// matvec_narrow_kernel and matvec_narrow_combine_kernel: their slot sums are the same bits.
+struct NarrowQ4_0 {
+  int4 q[kSRows][kNarrowBlocks];
+  unsigned short d[kSRows][kNarrowBlocks];
+};
+template <int L>
+__device__ __forceinline__ void narrow_q4_0_load(NarrowQ4_0& w, const uint8_t* const (&rows)[kSRows], int sl, int nb,
+                                                 bool live) {
+  constexpr int kGroup = BlockGeom<kQ4_0X8>::kBytes, kBlock = kGroup / 8, kQuant = kBlock - 2;  // 144, 18, 16 bytes
+  // Block l + L k: group L k / 8 + l / 8 (L k is a multiple of 8), block l % 8 in it.
+  const int qj = (sl / 8) * kGroup + 16 * (sl % 8), dj = (sl / 8) * kGroup + 8 * kQuant + 2 * (sl % 8);
+#pragma unroll
+  for (int k = 0; k < kNarrowBlocks; ++k)
+    if (live && sl + L * k < nb)
+#pragma unroll
+      for (int r = 0; r < kSRows; ++r) {
+        const uint8_t* at = rows[r] + kBlock * (L * k);
+        w.q[r][k] = ldw(reinterpret_cast<const int4*>(at + qj));
+        w.d[r][k] = ldw(reinterpret_cast<const unsigned short*>(at + dj));
+      }
+}
+template <int L>
+__device__ __forceinline__ void narrow_q4_0_dot(const NarrowQ4_0& w, const int8_t* q8, const float* d8, int sl, int nb,
+                                                bool live, float (&acc)[kSRows]) {
+#pragma unroll
+  for (int k = 0; k < kNarrowBlocks; ++k)
+    if (live && sl + L * k < nb) {
+      const int b = sl + L * k;
+      const int4* xp = reinterpret_cast<const int4*>(q8 + 32 * b);
+      const int4 lo = xp[0], hi = xp[1];
+      const float dx = d8[b];
+      const int xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
+#pragma unroll
+      for (int r = 0; r < kSRows; ++r) {
+        const int qw[4] = {w.q[r][k].x, w.q[r][k].y, w.q[r][k].z, w.q[r][k].w};
+        acc[r] += q4_0_value(qw, __half2float(__ushort_as_half(w.d[r][k])), lo, hi, xs, dx);
+      }
+    }
+}
+
 // RK: block_slot_expert's.
 template <int T, int L, int RK = 0>
 __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg, StagedAct x) {
   static_assert(T == kQ4_0X8, "Q4_0 x8 rows");
   static_assert(L == 8 || L == 16, "whole 8-block groups a sub-warp");
-  constexpr int KB = kNarrowBlocks;
   Args first = sg.a[0];
   const int64_t slot_e = block_slot_expert<RK>(sg, first);
   {
@@ -928,41 +975,59 @@ __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg,
   const uint8_t* rows[kSRows];
   rows[0] = np.w;
   rows[1] = np.row0 + 1 < np.n_out ? rows[0] + np.row_bytes : rows[0];
-  constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8, kQuant = kBlock - 2;  // 144, 18, 16 bytes
-  // Block l + L k: group L k / 8 + l / 8 (L k is a multiple of 8), block l % 8 in it.
-  const int qj = (sl / 8) * kGroup + 16 * (sl % 8), dj = (sl / 8) * kGroup + 8 * kQuant + 2 * (sl % 8);
   const int nb = static_cast<int>(first.n_in / 32);
-  const bool live = np.live;
-  int4 q[kSRows][KB];
-  unsigned short d[kSRows][KB];
-#pragma unroll
-  for (int k = 0; k < KB; ++k)
-    if (live && sl + L * k < nb)
-#pragma unroll
-      for (int r = 0; r < kSRows; ++r) {
-        const uint8_t* at = rows[r] + kBlock * (L * k);
-        q[r][k] = ldw(reinterpret_cast<const int4*>(at + qj));
-        d[r][k] = ldw(reinterpret_cast<const unsigned short*>(at + dj));
-      }
+  NarrowQ4_0 w;
+  narrow_q4_0_load<L>(w, rows, sl, nb, np.live);
   // Weights are no kernel's output: their loads may overlap the kernel before
   // (launch_dependent); x, y and the residual are read and written only after this.
   grid_dependency_wait();
   float acc[kSRows] = {};
-#pragma unroll
-  for (int k = 0; k < KB; ++k)
-    if (live && sl + L * k < nb) {
-      const int b = sl + L * k;
-      const int4* xp = reinterpret_cast<const int4*>(x.q8 + 32 * b);
-      const int4 lo = xp[0], hi = xp[1];
-      const float dx = x.d8[b];
-      const int xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
-#pragma unroll
-      for (int r = 0; r < kSRows; ++r) {
-        const int qw[4] = {q[r][k].x, q[r][k].y, q[r][k].z, q[r][k].w};
-        acc[r] += q4_0_value(qw, __half2float(__ushort_as_half(d[r][k])), lo, hi, xs, dx);
-      }
-    }
+  narrow_q4_0_dot<L>(w, x.q8, x.d8, sl, nb, np.live, acc);
   narrow_store<L>(sg, first, np, acc, RK > 0 ? slot_e : -1);
+}
+
+// The MoE down product of one token with the experts' weighted sum in its store
+// (MatmulParams::combine_w): y = (residual +) sum_j combine_w[j] * down_{e_j}(x_j), as the
+// down's slot rows then launch_moe_combine give it, the same bits. Sub-warp i of a block takes
+// slot i % k of row pair blockIdx.x * P + i / k (P = kSub / k row pairs a block; sub-warps past
+// P * k idle), with matvec_narrow_kernel's arithmetic; the slots' sums meet in shared memory
+// behind one barrier, and a thread a row adds them in slot order. Why: the combine was a launch
+// of its own on a MoE layer's chain (3.2 us of a qwen3-30b-a3b layer, ncu).
+template <int L>
+__global__ void __launch_bounds__(kSWarps * 32, 6)
+    matvec_narrow_combine_kernel(Args a, const float* combine_w, int k, StagedAct x) {
+  static_assert(L == 8 || L == 16, "whole 8-block groups a sub-warp");
+  constexpr int kSub = kSWarps * 32 / L;
+  __shared__ float part[kSub][kSRows];
+  const int sub = threadIdx.x / L, sl = threadIdx.x % L, P = kSub / k, j = sub % k;
+  const int64_t n_pairs = (a.n_out + kSRows - 1) / kSRows, g = int64_t{blockIdx.x} * P + sub / k;
+  const bool live = sub < P * k && g < n_pairs;
+  // The slots' experts: the routing finished before this launch's predecessor (the GLU) began
+  // (MatmulParams::slots_settled, which matmul_combines_in_launch requires).
+  const int64_t row0 = g * kSRows, e = live ? a.slot_expert[j] : 0;
+  const uint8_t* rows[kSRows];
+  rows[0] = a.w + e * a.expert_bytes + row0 * a.row_bytes;
+  rows[1] = row0 + 1 < a.n_out ? rows[0] + a.row_bytes : rows[0];
+  const int nb = static_cast<int>(a.n_in / 32);
+  NarrowQ4_0 w;
+  narrow_q4_0_load<L>(w, rows, sl, nb, live);
+  grid_dependency_wait();
+  float acc[kSRows] = {};
+  narrow_q4_0_dot<L>(w, x.q8 + j * a.n_in, x.d8 + j * (a.n_in / 32), sl, nb, live, acc);
+  narrow_sum<L>(acc);
+  // A slot row's value as narrow_store writes it (the epilogue: scale 1, no bias).
+  if (sl == 0 && live)
+#pragma unroll
+    for (int r = 0; r < kSRows; ++r) part[sub][r] = epilogue(a, row0 + r, acc[r]);
+  __syncthreads();
+  if (threadIdx.x >= P * kSRows) return;
+  const int pr = threadIdx.x / kSRows, r = threadIdx.x % kSRows;
+  const int64_t row = (int64_t{blockIdx.x} * P + pr) * kSRows + r;
+  if (row >= a.n_out) return;
+  // combine_kernel's sum, in its order.
+  float o = part[pr * k][r] * combine_w[0];
+  for (int i = 1; i < k; ++i) o += part[pr * k + i][r] * combine_w[i];
+  a.y[row] = a.residual ? a.residual[row] + o : o;
 }
 
 // Narrow K-quant rows, one token: Q4_K / Q5_K (4 lanes a super-block) and Q6_K (8) rows of at
@@ -1090,9 +1155,31 @@ static unsigned one_wave_x(const void* kernel, dim3 g) {
 // Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
 // on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
 // one routing (same slots and x_div).
+// MatmulParams::combine_w's launch (matmul_combines_in_launch held): P row pairs a block.
+static void narrow_combine_launch(const MatmulParams& p, const StagedAct& x) {
+  const Args a = args_of(p);
+  const int k = static_cast<int>(p.n_slots);
+  const int64_t n_pairs = (p.n_out + kSRows - 1) / kSRows;
+  const auto go = [&](auto kernel, int lanes) {
+    const int64_t P = kSWarps * 32 / lanes / k;
+    launch_dependent(kernel, dim3(static_cast<unsigned>((n_pairs + P - 1) / P)), dim3(kSWarps * 32), 0, p.stream, a,
+                     p.combine_w, k, x);
+  };
+  if (p.n_in <= 8 * 32 * kNarrowBlocks) go(matvec_narrow_combine_kernel<8>, 8);
+  else go(matvec_narrow_combine_kernel<16>, 16);
+}
+
 template <int T>
 void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   const MatmulParams& p = ps[0];
+  if constexpr (T == kQ4_0X8) {
+    if (p.combine_w) {
+      FRINK_CUDA_CHECK(n == 1 && matmul_combines_in_launch(p) ? cudaSuccess : cudaErrorInvalidValue);
+      narrow_combine_launch(p, x0);
+      return;
+    }
+  }
+  FRINK_CUDA_CHECK(!p.combine_w ? cudaSuccess : cudaErrorInvalidValue);
   bool staged = true;
   for (int i = 0; i < n; ++i) staged = staged && staged_ok(ps[i]);
   if constexpr (T == kQ4_0)
@@ -1300,6 +1387,13 @@ template void matvec_stream_launch<kBF16>(const MatmulParams*, int, const Staged
 }  // namespace frink::cuda::mm
 
 namespace frink::cuda {
+
+bool matmul_combines_in_launch(const MatmulParams& p) {
+  const int64_t lanes = p.n_in <= 8 * 32 * mm::kNarrowBlocks ? 8 : 16;
+  return p.type == kQ4_0X8 && p.n_in <= mm::kNarrowMaxIn && p.slot_expert && p.slots_settled && p.act_round &&
+         p.combine_w && p.n_slots >= 1 && p.n_slots <= mm::kSWarps * 32 / lanes && p.x_div == 1 &&
+         p.n_tok == p.n_slots && !p.bias && !p.expert_scale && p.scale == 1.0f && !p.rope && !p.route;
+}
 
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r) {
   return p.type == kQ4_0X8 && p.n_in <= mm::kNarrowMaxIn && p.slot_expert && p.act_round && p.n_tok == 1 && !p.rope &&

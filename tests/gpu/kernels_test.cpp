@@ -1239,6 +1239,81 @@ TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
   }
 }
 
+// The experts' down of one token with the combine in its launch (MatmulParams::combine_w)
+// gives the slots' down products then launch_moe_combine, bit for bit: sub-warps of 8 lanes
+// (768 wide: 2 row pairs a block at k 8, one at 16, 5 at 3 with one sub-warp idle) and of 16
+// (2048 wide), an odd row count (a last row pair of one row), no residual, a residual of its
+// own and one aliasing the output, and the same expert in two slots. Launches it cannot take
+// are refused by matmul_combines_in_launch.
+TEST(CudaKernels, CombineInExpertDownEqualsDownThenCombine) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(73);
+  struct C {
+    int64_t n_in, n_out, k;
+  };
+  const int64_t n_expert = 20;
+  for (const C& c : {C{768, 2048, 8}, C{768, 1001, 16}, C{768, 512, 3}, C{2048, 768, 8}, C{2048, 301, 5}}) {
+    const GgmlType t = GgmlType::Q4_0;
+    const size_t expert_bytes = ggml_row_bytes(t, c.n_in) * static_cast<size_t>(c.n_out);
+    const auto wb = random_weights(rng, t, c.n_in, c.n_out * n_expert).bytes;
+    Dev<uint8_t> dwt(wb);
+    const int type = to_x8(t, dwt.p, wb.size(), c.n_in);
+    std::vector<int32_t> ids(static_cast<size_t>(c.k));
+    for (auto& e : ids) e = static_cast<int32_t>(rng() % n_expert);
+    ids.back() = ids.front();
+    const auto x = random_floats(rng, c.k * c.n_in), w = random_floats(rng, c.k), res = random_floats(rng, c.n_out);
+    Dev<int32_t> dids(ids);
+    Dev<float> dx(x), dact(x.size()), dw(w), dys(static_cast<size_t>(c.k * c.n_out));
+    cuda::MatmulParams down = mat_params(t, dwt.p, c.n_in, c.n_out, dx.p, c.k, dys.p);
+    down.type = type;
+    down.act_round = dact.p;
+    down.slot_expert = dids.p;
+    down.n_slots = c.k;
+    down.expert_bytes = expert_bytes;
+    down.slots_settled = true;
+    const std::string what = "n_in " + std::to_string(c.n_in) + " n_out " + std::to_string(c.n_out) + " k " +
+                             std::to_string(c.k);
+    for (int mode = 0; mode < 3; ++mode) {  // no residual, a residual of its own, in place
+      Dev<float> dref(res), dout(res), dr(res);
+      cuda::launch_matmul(down);
+      cuda::CombineParams cp;
+      cp.y = dys.p;
+      cp.weight = dw.p;
+      cp.n_tok = 1;
+      cp.k = c.k;
+      cp.n_embd = c.n_out;
+      cp.residual = mode == 0 ? nullptr : mode == 1 ? dr.p : dref.p;
+      cp.out = dref.p;
+      cuda::launch_moe_combine(cp);
+      cuda::MatmulParams comb = down;
+      comb.combine_w = dw.p;
+      comb.y = dout.p;
+      comb.y_stride = c.n_out;
+      comb.residual = mode == 0 ? nullptr : mode == 1 ? dr.p : dout.p;
+      ASSERT_TRUE(cuda::matmul_combines_in_launch(comb)) << what;
+      cuda::launch_matmul(comb);
+      EXPECT_EQ(dout.get(), dref.get()) << what << " mode " << mode;
+    }
+    cuda::MatmulParams no = down;
+    no.combine_w = dw.p;
+    EXPECT_TRUE(cuda::matmul_combines_in_launch(no)) << what;
+    no.slots_settled = false;
+    EXPECT_FALSE(cuda::matmul_combines_in_launch(no)) << what;
+    no = down;
+    no.combine_w = dw.p;
+    no.bias = dw.p;
+    EXPECT_FALSE(cuda::matmul_combines_in_launch(no)) << what;
+    no = down;
+    no.combine_w = dw.p;
+    no.n_slots = no.n_tok = c.n_in <= 1024 ? 17 : 9;  // more slots than a block's sub-warps
+    EXPECT_FALSE(cuda::matmul_combines_in_launch(no)) << what;
+    no = down;
+    no.combine_w = dw.p;
+    no.type = static_cast<int>(GgmlType::Q8_0);
+    EXPECT_FALSE(cuda::matmul_combines_in_launch(no)) << what;
+  }
+}
+
 // Rows split over 2 or 4 warps (MatmulParams::ksplit) give the one-warp result up to f32
 // summation order, on rows of 2 to 14 chunks (a partial last chunk, counts that KS does not
 // divide, warps with no chunk), odd row counts, 1, 4 and 6 tokens, the residual in place, two grouped products,
