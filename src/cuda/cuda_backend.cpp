@@ -312,8 +312,9 @@ bool CudaBackend::moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, Mat
   down.pre_glu = &g;
   down.slots_settled = true;  // the routing finished before the gate/up began (MatmulParams)
   // out = residual + sum_j w_j y_j in the down's own launch: one kernel fewer on the chain.
-  // Measured (H200, qwen3-30b-a3b Q4_0 tg128 graph, one call, two rounds alternating): 2.016 /
-  // 2.007 -> 1.942 / 1.938 ms; logits bit for bit (`frink logits -b 1`, 4 layers).
+  // Measured (H200, tg128 graph, one call each, two rounds alternating): qwen3-30b-a3b Q4_0
+  // 2.016 / 2.007 -> 1.942 / 1.938 ms; qwen3-next-80b-a3b Q4_K_M (8 layers; Q4_K and Q6_K downs)
+  // 0.541 / 0.540 -> 0.528 / 0.528 ms; logits bit for bit (`frink logits -b 1`).
   MatmulParams comb = down;
   comb.combine_w = moe_w_.f();
   comb.y = out;

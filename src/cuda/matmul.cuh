@@ -200,9 +200,10 @@ inline constexpr int64_t kRouteInLaunchMaxExperts = 128;
 // 0.898, Q4_K_M 0.860 / 0.860 -> 0.901 / 0.900 (H200, one call, alternating).
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r);
 // Whether expert product p can take MatmulParams::combine_w: one token's slots (x_div 1, a row
-// of x each, at most 16 of Q4_0 rows up to 1024 wide, 8 up to 2048) of Q4_0 rows as the device
-// keeps them (matvec_narrow_combine_kernel) with act_round set, slots_settled, no bias, expert
-// scale, scale, RoPE or routing in the launch.
+// of x each) of rows the narrow kernels take (Q4_0 rows up to 2048 wide as the device keeps
+// them; Q4_K / Q5_K rows up to 1024, Q6_K up to 512: qwen3-next's downs), at most 16 slots,
+// with act_round set, slots_settled, no bias, expert scale, scale, RoPE or routing in the
+// launch.
 bool matmul_combines_in_launch(const MatmulParams& p);
 // Whether product p reads x from act_round rounded to f16 / bf16 and kept as f32 ([n_tok][n_in];
 // F16 / BF16 weights on the matrix-vector path, act_round set): what a producer writes there

@@ -986,50 +986,6 @@ __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg,
   narrow_store<L>(sg, first, np, acc, RK > 0 ? slot_e : -1);
 }
 
-// The MoE down product of one token with the experts' weighted sum in its store
-// (MatmulParams::combine_w): y = (residual +) sum_j combine_w[j] * down_{e_j}(x_j), as the
-// down's slot rows then launch_moe_combine give it, the same bits. Sub-warp i of a block takes
-// slot i % k of row pair blockIdx.x * P + i / k (P = kSub / k row pairs a block; sub-warps past
-// P * k idle), with matvec_narrow_kernel's arithmetic; the slots' sums meet in shared memory
-// behind one barrier, and a thread a row adds them in slot order. Why: the combine was a launch
-// of its own on a MoE layer's chain (3.2 us of a qwen3-30b-a3b layer, ncu).
-template <int L>
-__global__ void __launch_bounds__(kSWarps * 32, 6)
-    matvec_narrow_combine_kernel(Args a, const float* combine_w, int k, StagedAct x) {
-  static_assert(L == 8 || L == 16, "whole 8-block groups a sub-warp");
-  constexpr int kSub = kSWarps * 32 / L;
-  __shared__ float part[kSub][kSRows];
-  const int sub = threadIdx.x / L, sl = threadIdx.x % L, P = kSub / k, j = sub % k;
-  const int64_t n_pairs = (a.n_out + kSRows - 1) / kSRows, g = int64_t{blockIdx.x} * P + sub / k;
-  const bool live = sub < P * k && g < n_pairs;
-  // The slots' experts: the routing finished before this launch's predecessor (the GLU) began
-  // (MatmulParams::slots_settled, which matmul_combines_in_launch requires).
-  const int64_t row0 = g * kSRows, e = live ? a.slot_expert[j] : 0;
-  const uint8_t* rows[kSRows];
-  rows[0] = a.w + e * a.expert_bytes + row0 * a.row_bytes;
-  rows[1] = row0 + 1 < a.n_out ? rows[0] + a.row_bytes : rows[0];
-  const int nb = static_cast<int>(a.n_in / 32);
-  NarrowQ4_0 w;
-  narrow_q4_0_load<L>(w, rows, sl, nb, live);
-  grid_dependency_wait();
-  float acc[kSRows] = {};
-  narrow_q4_0_dot<L>(w, x.q8 + j * a.n_in, x.d8 + j * (a.n_in / 32), sl, nb, live, acc);
-  narrow_sum<L>(acc);
-  // A slot row's value as narrow_store writes it (the epilogue: scale 1, no bias).
-  if (sl == 0 && live)
-#pragma unroll
-    for (int r = 0; r < kSRows; ++r) part[sub][r] = epilogue(a, row0 + r, acc[r]);
-  __syncthreads();
-  if (threadIdx.x >= P * kSRows) return;
-  const int pr = threadIdx.x / kSRows, r = threadIdx.x % kSRows;
-  const int64_t row = (int64_t{blockIdx.x} * P + pr) * kSRows + r;
-  if (row >= a.n_out) return;
-  // combine_kernel's sum, in its order.
-  float o = part[pr * k][r] * combine_w[0];
-  for (int i = 1; i < k; ++i) o += part[pr * k + i][r] * combine_w[i];
-  a.y[row] = a.residual ? a.residual[row] + o : o;
-}
-
 // Narrow K-quant rows, one token: Q4_K / Q5_K (4 lanes a super-block) and Q6_K (8) rows of at
 // most 16 lanes' super-blocks (n_in <= 1024, Q6_K 512), the MoE experts' down products
 // (qwen3-next-80b-a3b: 512 wide; 2048 rows an expert, 11 slots). A warp of the stream kernel
@@ -1066,6 +1022,84 @@ constexpr int narrow_k_lanes(int64_t n_in) {
     return lanes <= 8 ? 8 : lanes <= 16 ? 16 : 0;
   }
   return 0;
+}
+
+// The MoE down product of one token with the experts' weighted sum in its store
+// (MatmulParams::combine_w): y = (residual +) sum_j combine_w[j] * down_{e_j}(x_j), as the
+// down's slot rows then launch_moe_combine give it, the same bits. Sub-warp i of a block of W
+// warps takes slot i % k of row pair blockIdx.x * P + i / k (P = kSub / k row pairs a block;
+// sub-warps past P * k idle), with the narrow kernels' arithmetic (Q4_0 x8 rows:
+// matvec_narrow_kernel's; Q4_K / Q5_K / Q6_K rows: matvec_narrow_k_kernel's blocks_dot); the
+// slots' sums meet in shared memory behind one barrier, and a thread a row adds them in slot
+// order. Why: the combine was a launch of its own on a MoE layer's chain (3.2 us of a
+// qwen3-30b-a3b layer, ncu).
+// (Q4_0: matvec_narrow_kernel's 6 blocks of 4 warps a SM; 8-warp blocks at 6 spilled.)
+template <int T, int L, int W>
+__global__ void __launch_bounds__(W * 32, T == kQ4_0X8 ? 24 / W : 0)
+    matvec_narrow_combine_kernel(Args a, const float* combine_w, int k, StagedAct x) {
+  static_assert(L == 8 || L == 16, "aligned sub-warps");
+  constexpr int kSub = W * 32 / L;
+  __shared__ float part[kSub][kSRows];
+  const int sub = threadIdx.x / L, sl = threadIdx.x % L, P = kSub / k, j = sub % k;
+  const int64_t n_pairs = (a.n_out + kSRows - 1) / kSRows, g = int64_t{blockIdx.x} * P + sub / k;
+  const bool live = sub < P * k && g < n_pairs;
+  // The slots' experts: the routing finished before this launch's predecessor (the GLU) began
+  // (MatmulParams::slots_settled, which matmul_combines_in_launch requires).
+  const int64_t row0 = g * kSRows, e = live ? a.slot_expert[j] : 0;
+  const bool two = row0 + 1 < a.n_out;
+  const uint8_t* const w0 = a.w + e * a.expert_bytes + row0 * a.row_bytes;
+  float acc[kSRows] = {};
+  if constexpr (T == kQ4_0X8) {
+    const uint8_t* rows[kSRows] = {w0, two ? w0 + a.row_bytes : w0};
+    const int nb = static_cast<int>(a.n_in / 32);
+    NarrowQ4_0 w;
+    narrow_q4_0_load<L>(w, rows, sl, nb, live);
+    grid_dependency_wait();
+    narrow_q4_0_dot<L>(w, x.q8 + j * a.n_in, x.d8 + j * (a.n_in / 32), sl, nb, live, acc);
+  } else {
+    static_assert(T == kQ4_K || T == kQ5_K || T == kQ6_K, "K-quant rows");
+    grid_dependency_wait();  // blocks_dot loads the weights with the activation
+    x.q8k = x.q8k.at_row(j, a.n_in);
+    float acc2[kSRows][1] = {};
+    if (live)
+      blocks_dot<T, 1, kSRows, L>(a, x, w0, two ? static_cast<int64_t>(a.row_bytes) : 0, 0,
+                                  static_cast<int>(a.n_in / Staged<T>::kBlockElems), acc2);
+    acc[0] = acc2[0][0];
+    acc[1] = acc2[1][0];
+  }
+  narrow_sum<L>(acc);
+  // A slot row's value as narrow_store writes it (the epilogue: scale 1, no bias).
+  if (sl == 0 && live)
+#pragma unroll
+    for (int r = 0; r < kSRows; ++r) part[sub][r] = epilogue(a, row0 + r, acc[r]);
+  __syncthreads();
+  if (threadIdx.x >= P * kSRows) return;
+  const int pr = threadIdx.x / kSRows, r = threadIdx.x % kSRows;
+  const int64_t row = (int64_t{blockIdx.x} * P + pr) * kSRows + r;
+  if (row >= a.n_out) return;
+  // combine_kernel's sum, in its order.
+  float o = part[pr * k][r] * combine_w[0];
+  for (int i = 1; i < k; ++i) o += part[pr * k + i][r] * combine_w[i];
+  a.y[row] = a.residual ? a.residual[row] + o : o;
+}
+
+// Lanes and warps of a combine launch (matvec_narrow_combine_kernel) for p's type and width:
+// {L, W}, W the fewer of 4 and 8 warps whose sub-warps hold k slots, at most 16 sub-warps, or
+// {0, 0}. (8-warp blocks of 8-lane sub-warps, 17 to 20 slots, gave 10% of the rows a few ulps
+// off the down then launch_moe_combine (H200, kernel test); not understood, so not taken.)
+struct CombineShape {
+  int lanes, warps;
+};
+constexpr CombineShape combine_shape(int type, int64_t n_in, int64_t k) {
+  int lanes = 0;
+  if (type == kQ4_0X8 && n_in <= kNarrowMaxIn) lanes = n_in <= 8 * 32 * kNarrowBlocks ? 8 : 16;
+  if (type == kQ4_K) lanes = narrow_k_lanes<kQ4_K>(n_in);
+  if (type == kQ5_K) lanes = narrow_k_lanes<kQ5_K>(n_in);
+  if (type == kQ6_K) lanes = narrow_k_lanes<kQ6_K>(n_in);
+  if (lanes == 0 || k < 1) return {0, 0};
+  for (int w : {kSWarps, 2 * kSWarps})
+    if (w * 32 / lanes >= k && w * 32 / lanes <= 16) return {lanes, w};
+  return {0, 0};
 }
 
 // MatmulParams::rope for the products ps[0, n) of one stream launch (launch_matmuls checked
@@ -1156,26 +1190,28 @@ static unsigned one_wave_x(const void* kernel, dim3 g) {
 // on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
 // one routing (same slots and x_div).
 // MatmulParams::combine_w's launch (matmul_combines_in_launch held): P row pairs a block.
-static void narrow_combine_launch(const MatmulParams& p, const StagedAct& x) {
+template <int T>
+void narrow_combine_launch(const MatmulParams& p, const StagedAct& x) {
   const Args a = args_of(p);
   const int k = static_cast<int>(p.n_slots);
-  const int64_t n_pairs = (p.n_out + kSRows - 1) / kSRows;
-  const auto go = [&](auto kernel, int lanes) {
-    const int64_t P = kSWarps * 32 / lanes / k;
-    launch_dependent(kernel, dim3(static_cast<unsigned>((n_pairs + P - 1) / P)), dim3(kSWarps * 32), 0, p.stream, a,
+  const CombineShape c = combine_shape(T, p.n_in, k);
+  const int64_t n_pairs = (p.n_out + kSRows - 1) / kSRows, P = c.warps * 32 / c.lanes / k;
+  const auto go = [&](auto kernel) {
+    launch_dependent(kernel, dim3(static_cast<unsigned>((n_pairs + P - 1) / P)), dim3(c.warps * 32), 0, p.stream, a,
                      p.combine_w, k, x);
   };
-  if (p.n_in <= 8 * 32 * kNarrowBlocks) go(matvec_narrow_combine_kernel<8>, 8);
-  else go(matvec_narrow_combine_kernel<16>, 16);
+  if (c.lanes == 8) go(matvec_narrow_combine_kernel<T, 8, kSWarps>);  // 16 sub-warps (combine_shape)
+  else if (c.warps == kSWarps) go(matvec_narrow_combine_kernel<T, 16, kSWarps>);
+  else go(matvec_narrow_combine_kernel<T, 16, 2 * kSWarps>);
 }
 
 template <int T>
 void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   const MatmulParams& p = ps[0];
-  if constexpr (T == kQ4_0X8) {
+  if constexpr (T == kQ4_0X8 || T == kQ4_K || T == kQ5_K || T == kQ6_K) {
     if (p.combine_w) {
       FRINK_CUDA_CHECK(n == 1 && matmul_combines_in_launch(p) ? cudaSuccess : cudaErrorInvalidValue);
-      narrow_combine_launch(p, x0);
+      narrow_combine_launch<T>(p, x0);
       return;
     }
   }
@@ -1389,10 +1425,9 @@ template void matvec_stream_launch<kBF16>(const MatmulParams*, int, const Staged
 namespace frink::cuda {
 
 bool matmul_combines_in_launch(const MatmulParams& p) {
-  const int64_t lanes = p.n_in <= 8 * 32 * mm::kNarrowBlocks ? 8 : 16;
-  return p.type == kQ4_0X8 && p.n_in <= mm::kNarrowMaxIn && p.slot_expert && p.slots_settled && p.act_round &&
-         p.combine_w && p.n_slots >= 1 && p.n_slots <= mm::kSWarps * 32 / lanes && p.x_div == 1 &&
-         p.n_tok == p.n_slots && !p.bias && !p.expert_scale && p.scale == 1.0f && !p.rope && !p.route;
+  return mm::combine_shape(p.type, p.n_in, p.n_slots).lanes > 0 && p.slot_expert && p.slots_settled && p.act_round &&
+         p.combine_w && p.x_div == 1 && p.n_tok == p.n_slots && !p.bias && !p.expert_scale && p.scale == 1.0f &&
+         !p.rope && !p.route && (p.type != kQ4_0X8 || mm::staged_ok(p));
 }
 
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r) {

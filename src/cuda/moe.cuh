@@ -62,8 +62,8 @@ struct CombineParams {
 };
 // out = (residual +) (sum_j weight_j y_j in the order chosen, + shared * sigmoid(gate)), in
 // the host's order of operations (the compiler may still fuse a multiply-add: not bit for bit).
-// (A decode token's Q4_0 experts without a shared expert of their own take this sum in their
-// down product's launch instead: MatmulParams::combine_w, the same bits.)
+// (A decode token's experts without a shared expert of their own take this sum in their down
+// product's launch instead where its rows allow: MatmulParams::combine_w, the same bits.)
 void launch_moe_combine(const CombineParams& p);
 
 // Prompt-sized batches take their expert products as one matrix product per expert (the rows

@@ -1240,39 +1240,46 @@ TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
 }
 
 // The experts' down of one token with the combine in its launch (MatmulParams::combine_w)
-// gives the slots' down products then launch_moe_combine, bit for bit: sub-warps of 8 lanes
-// (768 wide: 2 row pairs a block at k 8, one at 16, 5 at 3 with one sub-warp idle) and of 16
-// (2048 wide), an odd row count (a last row pair of one row), no residual, a residual of its
-// own and one aliasing the output, and the same expert in two slots. Launches it cannot take
-// are refused by matmul_combines_in_launch.
+// gives the slots' down products then launch_moe_combine, bit for bit. Q4_0 x8 rows on
+// sub-warps of 8 lanes (768 wide: 2 row pairs a block of 4 warps at k 8, one at 16, 5 at 3 with
+// one sub-warp idle) and of 16 (2048 wide, 8 warps at k 12); K-quant rows as qwen3-next's downs
+// (Q4_K / Q6_K 512 wide, 11 slots: 8 and 16 lanes, 4 and 8 warps; Q4_K 1024, Q5_K); an odd row
+// count (a last row pair of one row), no residual, a residual of its own and one aliasing the
+// output, and the same expert in two slots. Launches it cannot take are refused by
+// matmul_combines_in_launch.
 TEST(CudaKernels, CombineInExpertDownEqualsDownThenCombine) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(73);
   struct C {
+    GgmlType t;
     int64_t n_in, n_out, k;
+    int lanes;  // the sub-warp the launch takes: at most 32 (8 lanes) or 16 (16) slots
   };
   const int64_t n_expert = 20;
-  for (const C& c : {C{768, 2048, 8}, C{768, 1001, 16}, C{768, 512, 3}, C{2048, 768, 8}, C{2048, 301, 5}}) {
-    const GgmlType t = GgmlType::Q4_0;
-    const size_t expert_bytes = ggml_row_bytes(t, c.n_in) * static_cast<size_t>(c.n_out);
-    const auto wb = random_weights(rng, t, c.n_in, c.n_out * n_expert).bytes;
+  for (const C& c : {C{GgmlType::Q4_0, 768, 2048, 8, 8}, C{GgmlType::Q4_0, 768, 1001, 16, 8},
+                     C{GgmlType::Q4_0, 768, 512, 3, 8}, C{GgmlType::Q4_0, 2048, 768, 8, 16},
+                     C{GgmlType::Q4_0, 2048, 301, 5, 16}, C{GgmlType::Q4_0, 2048, 130, 12, 16},
+                     C{GgmlType::Q4_K, 512, 2048, 11, 8}, C{GgmlType::Q6_K, 512, 1001, 11, 16},
+                     C{GgmlType::Q4_K, 1024, 300, 10, 16}, C{GgmlType::Q5_K, 512, 64, 3, 8}}) {
+    const size_t expert_bytes = ggml_row_bytes(c.t, c.n_in) * static_cast<size_t>(c.n_out);
+    const auto wb = random_weights(rng, c.t, c.n_in, c.n_out * n_expert).bytes;
     Dev<uint8_t> dwt(wb);
-    const int type = to_x8(t, dwt.p, wb.size(), c.n_in);
+    const int type = c.t == GgmlType::Q4_0 ? to_x8(c.t, dwt.p, wb.size(), c.n_in) : static_cast<int>(c.t);
     std::vector<int32_t> ids(static_cast<size_t>(c.k));
     for (auto& e : ids) e = static_cast<int32_t>(rng() % n_expert);
     ids.back() = ids.front();
     const auto x = random_floats(rng, c.k * c.n_in), w = random_floats(rng, c.k), res = random_floats(rng, c.n_out);
     Dev<int32_t> dids(ids);
-    Dev<float> dx(x), dact(x.size()), dw(w), dys(static_cast<size_t>(c.k * c.n_out));
-    cuda::MatmulParams down = mat_params(t, dwt.p, c.n_in, c.n_out, dx.p, c.k, dys.p);
+    Dev<float> dx(x), dact(x.size() * 2), dw(w), dys(static_cast<size_t>(c.k * c.n_out));
+    cuda::MatmulParams down = mat_params(c.t, dwt.p, c.n_in, c.n_out, dx.p, c.k, dys.p);
     down.type = type;
     down.act_round = dact.p;
     down.slot_expert = dids.p;
     down.n_slots = c.k;
     down.expert_bytes = expert_bytes;
     down.slots_settled = true;
-    const std::string what = "n_in " + std::to_string(c.n_in) + " n_out " + std::to_string(c.n_out) + " k " +
-                             std::to_string(c.k);
+    const std::string what = std::string(ggml_type_name(c.t)) + " n_in " + std::to_string(c.n_in) + " n_out " +
+                             std::to_string(c.n_out) + " k " + std::to_string(c.k);
     for (int mode = 0; mode < 3; ++mode) {  // no residual, a residual of its own, in place
       Dev<float> dref(res), dout(res), dr(res);
       cuda::launch_matmul(down);
@@ -1305,13 +1312,23 @@ TEST(CudaKernels, CombineInExpertDownEqualsDownThenCombine) {
     EXPECT_FALSE(cuda::matmul_combines_in_launch(no)) << what;
     no = down;
     no.combine_w = dw.p;
-    no.n_slots = no.n_tok = c.n_in <= 1024 ? 17 : 9;  // more slots than a block's sub-warps
+    no.n_slots = no.n_tok = 17;  // more slots than a block's 16 sub-warps
     EXPECT_FALSE(cuda::matmul_combines_in_launch(no)) << what;
     no = down;
     no.combine_w = dw.p;
     no.type = static_cast<int>(GgmlType::Q8_0);
     EXPECT_FALSE(cuda::matmul_combines_in_launch(no)) << what;
   }
+  // Q6_K rows of 1024 need 32 lanes: past the narrow kernels.
+  cuda::MatmulParams q6 = mat_params(GgmlType::Q6_K, nullptr, 1024, 64, nullptr, 4, nullptr);
+  q6.slot_expert = reinterpret_cast<const int32_t*>(&q6);
+  q6.n_slots = 4;
+  q6.slots_settled = true;
+  q6.act_round = reinterpret_cast<float*>(&q6);
+  q6.combine_w = q6.act_round;
+  EXPECT_FALSE(cuda::matmul_combines_in_launch(q6));
+  q6.n_in = 512;
+  EXPECT_TRUE(cuda::matmul_combines_in_launch(q6));
 }
 
 // Rows split over 2 or 4 warps (MatmulParams::ksplit) give the one-warp result up to f32
