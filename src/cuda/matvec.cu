@@ -1186,9 +1186,6 @@ static unsigned one_wave_x(const void* kernel, dim3 g) {
   return static_cast<unsigned>(std::max<int64_t>(1, (w / g.y)));
 }
 
-// Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
-// on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
-// one routing (same slots and x_div).
 // MatmulParams::combine_w's launch (matmul_combines_in_launch held): P row pairs a block.
 template <int T>
 void narrow_combine_launch(const MatmulParams& p, const StagedAct& x) {
@@ -1205,6 +1202,9 @@ void narrow_combine_launch(const MatmulParams& p, const StagedAct& x) {
   else go(matvec_narrow_combine_kernel<T, 16, 2 * kSWarps>);
 }
 
+// Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
+// on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
+// one routing (same slots and x_div).
 template <int T>
 void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   const MatmulParams& p = ps[0];
