@@ -860,6 +860,12 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
 // even at 6 (80 registers), so Q8_0 keeps matvec_reg_kernel.
 constexpr int64_t kNarrowMaxIn = 2048;
 constexpr int kNarrowBlocks = 4;  // blocks a lane loads per row: 16 lanes cover 2048 elements
+// Sub-warp lanes a narrow Q4_0 launch takes per row pair (kNarrowBlocks blocks a lane): 8 for
+// rows up to 1024 elements, 16 up to kNarrowMaxIn, else 0 (matvec_narrow_kernel's and
+// matvec_narrow_combine_kernel's one rule).
+constexpr int narrow_q4_0_lanes(int64_t n_in) {
+  return n_in <= 8 * 32 * kNarrowBlocks ? 8 : n_in <= kNarrowMaxIn ? 16 : 0;
+}
 
 // A narrow kernel's sub-warp of L lanes: its row pair (g, past the launch's last when !live:
 // such lanes still take part in the shuffles), product seg and that pair's first row.
@@ -1092,7 +1098,7 @@ struct CombineShape {
 };
 constexpr CombineShape combine_shape(int type, int64_t n_in, int64_t k) {
   int lanes = 0;
-  if (type == kQ4_0X8 && n_in <= kNarrowMaxIn) lanes = n_in <= 8 * 32 * kNarrowBlocks ? 8 : 16;
+  if (type == kQ4_0X8) lanes = narrow_q4_0_lanes(n_in);
   if (type == kQ4_K) lanes = narrow_k_lanes<kQ4_K>(n_in);
   if (type == kQ5_K) lanes = narrow_k_lanes<kQ5_K>(n_in);
   if (type == kQ6_K) lanes = narrow_k_lanes<kQ6_K>(n_in);
@@ -1312,7 +1318,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
             using L16 = std::integral_constant<int, 16>;
             using R0 = std::integral_constant<int, 0>;
             using R4 = std::integral_constant<int, 4>;
-            const bool l8 = p.n_in <= 8 * 32 * kNarrowBlocks;
+            const bool l8 = narrow_q4_0_lanes(p.n_in) == 8;
             if (!s.routes) l8 ? narrow(L8{}, R0{}) : narrow(L16{}, R0{});
             else l8 ? narrow(L8{}, R4{}) : narrow(L16{}, R4{});
             return;
