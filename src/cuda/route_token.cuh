@@ -31,20 +31,6 @@ __device__ __forceinline__ uint64_t rank_key(float s, int e) {
 // from here, so the two paths weigh the shared expert with the same bits.
 __device__ __forceinline__ float shared_gate_weight(float v) { return v / (1.0f + expf(-v)) / v; }
 
-// The largest of a lane's keys, as a tree: the linear scan was a chain of kPer dependent
-// 64-bit selects per top-k step (16 of them for a 512-expert router).
-template <int kPer>
-__device__ __forceinline__ uint64_t lane_max_key(const uint64_t (&key)[kPer]) {
-  uint64_t m[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) m[i] = key[i];
-#pragma unroll
-  for (int w = 1; w < kPer; w *= 2)
-#pragma unroll
-    for (int i = 0; i + w < kPer; i += 2 * w) m[i] = m[i + w] > m[i] ? m[i + w] : m[i];
-  return m[0];
-}
-
 // The warp's largest key: the scores' word by one redux.sync, then the expert word among the
 // lanes holding that score by another (the key's order: score, then the lower expert), where
 // five levels of two 32-bit shuffles and a 64-bit compare each stood.
@@ -63,99 +49,151 @@ __device__ __forceinline__ uint64_t warp_max_key(uint64_t key) {
 #endif
 }
 
-// One warp routes token t, kPer experts a lane. slot_out (may be null): lane 0 writes the
-// token's k (+ shared) slot experts there; store: lane 0 writes them and their weights to p.expert and p.weight.
+// A lane's keys sorted, the largest first (a bitonic network: compile-time indices, so the
+// keys stay in registers).
 template <int kPer>
-__device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, int32_t* slot_out, bool store) {
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ void sort_keys_desc(uint64_t (&a)[kPer]) {
+  static_assert((kPer & (kPer - 1)) == 0, "a power of two");
+#pragma unroll
+  for (int size = 2; size <= kPer; size *= 2)
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride /= 2)
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0, lt = a[i] < a[j];
+          const uint64_t hi = lt ? a[j] : a[i], lo = lt ? a[i] : a[j];
+          a[i] = desc ? hi : lo;
+          a[j] = desc ? lo : hi;
+        }
+      }
+}
+
+// What route_probs leaves for prob_of: the softmax's max and reciprocal sum.
+struct ProbScale {
+  float mx = 0.0f, inv = 1.0f;
+};
+
+// Expert e's probability from its logit l, the same bits as route_probs gives it (the same
+// operations), so the winners' weights need not travel with their keys.
+__device__ __forceinline__ float prob_of(const RouteParams& p, float l, ProbScale ps) {
+  if (p.gating == 0) return (l == -INFINITY ? 0.0f : expf(l - ps.mx)) * ps.inv;
+  if (p.gating == 1) return 1.0f / (1.0f + expf(-l));
+  return l;
+}
+
+// Token t's probabilities as route_token ranks and weighs them: logit lane + 32 i in prob[i]
+// (-inf, then 0 after a softmax, past the experts), softmaxed or sigmoided by gating.
+template <int kPer>
+__device__ __forceinline__ ProbScale route_probs(const RouteParams& p, const float* lg, int lane, float (&prob)[kPer]) {
   const int E = static_cast<int>(p.n_expert);
-  const float* lg = p.logits + t * (p.n_expert + (p.shared == 2));
-  float prob[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
     prob[i] = e < E ? lg[e] : -INFINITY;
   }
+  ProbScale ps;
   if (p.gating == 0) {
     // softmax_inplace: max, exp (-inf -> 0), sum in double, times the float reciprocal
-    float mx = -INFINITY;
+    float m[kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) mx = fmaxf(mx, prob[i]);
+    for (int i = 0; i < kPer; ++i) m[i] = prob[i];
+#pragma unroll
+    for (int w = 1; w < kPer; w *= 2)  // a tree: the max is exact in any order
+#pragma unroll
+      for (int i = 0; i + w < kPer; i += 2 * w) m[i] = fmaxf(m[i], m[i + w]);
+    float mx = m[0];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    ps.mx = mx;
+    // exp(-inf - mx) is +0 for any finite mx, so only a row of -inf logits needs the host's
+    // -inf -> 0 (a select per expert ahead of each exp made the compiler branch around it).
     double sum = 0.0;
+    if (mx != -INFINITY) {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      prob[i] = prob[i] == -INFINITY ? 0.0f : expf(prob[i] - mx);
-      sum += prob[i];
+      for (int i = 0; i < kPer; ++i) {
+        prob[i] = expf(prob[i] - mx);
+        sum += prob[i];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) prob[i] = 0.0f;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float inv = static_cast<float>(1.0 / sum);
+    ps.inv = static_cast<float>(1.0 / sum);
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) prob[i] *= inv;
+    for (int i = 0; i < kPer; ++i) prob[i] *= ps.inv;
   } else if (p.gating == 1) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) prob[i] = 1.0f / (1.0f + expf(-prob[i]));
   }
-  uint64_t key[kPer];  // 0 for lanes past the experts: never chosen
+  return ps;
+}
+
+// Expert e's ranking key of probability prob (0 past the experts: never chosen).
+__device__ __forceinline__ uint64_t route_key(const RouteParams& p, float prob, int e) {
+  if (e >= p.n_expert) return 0;
+  const float s = p.sel_bias ? prob + p.sel_bias[e] : prob;
+  return rank_key(isnan(s) ? -INFINITY : s, e);  // a NaN score still yields a valid expert
+}
+
+// A double sum of lane j's v over lanes j < k, in j's order (the host's sequential sum), the
+// same in every lane.
+__device__ __forceinline__ double lanes_sum_in_order(float v, int k) {
+  double sum = 0.0;
+  for (int j = 0; j < k; ++j) sum += __shfl_sync(0xffffffffu, v, j);
+  return sum;
+}
+
+// One warp routes token t, kPer experts a lane. slot_out (may be null): the token's k (+ shared)
+// slot experts go there (lane j writes slot j); store: they and their weights go to p.expert and
+// p.weight. Each top-k round takes the warp's largest key (two redux) and its owner drops it;
+// lane j keeps round j's expert, so the end (the chosen's softmax, the weights' normalization,
+// the stores) runs a slot a lane. Why: the end on lane 0 alone, walking arrays in local memory,
+// took 1.0-1.5 us of a 3-5.5 us routing (tools/route_latency.cu, H200).
+template <int kPer>
+__device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, int32_t* slot_out, bool store) {
+  const int lane = threadIdx.x % 32, E = static_cast<int>(p.n_expert), k = static_cast<int>(p.k);
+  const float* lg = p.logits + t * (p.n_expert + (p.shared == 2));
+  float prob[kPer];
+  const ProbScale ps = route_probs<kPer>(p, lg, lane, prob);
+  uint64_t key[kPer];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    if (e < E) {
-      const float s = p.sel_bias ? prob[i] + p.sel_bias[e] : prob[i];
-      key[i] = rank_key(isnan(s) ? -INFINITY : s, e);  // a NaN score still yields a valid expert
-    } else {
-      key[i] = 0;
-    }
-  }
-  float w[kMaxUsed];
-  int chosen[kMaxUsed];
-  const int k = static_cast<int>(p.k);
+  for (int i = 0; i < kPer; ++i) key[i] = route_key(p, prob[i], lane + 32 * i);
+  sort_keys_desc<kPer>(key);
+  int mine = 0;  // lane j: round j's expert
   for (int j = 0; j < k; ++j) {
-    const uint64_t best = warp_max_key(lane_max_key(key));
+    const uint64_t best = warp_max_key(key[0]);
     const int be = static_cast<int>(0xFFFFFFFFu - static_cast<uint32_t>(best));
-    float mine = 0.0f;  // the winner's lane holds its probability
+    if (lane == j) mine = be;
+    const bool won = key[0] == best;  // keys are unique: one lane pops its head
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (lane + 32 * i == be) {
-        mine = prob[i];
-        key[i] = 0;
-      }
-    chosen[j] = be;
-    w[j] = __shfl_sync(0xffffffffu, mine, be % 32);
+    for (int i = 0; i + 1 < kPer; ++i) key[i] = won ? key[i + 1] : key[i];
+    key[kPer - 1] = won ? 0 : key[kPer - 1];
   }
-  if (lane != 0) return;
   if (slot_out) {
-    for (int j = 0; j < k; ++j) slot_out[j] = chosen[j];
-    if (p.shared) slot_out[k] = E;
+    if (lane < k) slot_out[lane] = mine;
+    if (p.shared && lane == 0) slot_out[k] = E;
   }
   if (!store) return;
+  float w = lane < k ? prob_of(p, lg[mine], ps) : 0.0f;
   if (p.gating == 2) {  // softmax over the chosen (softmax_inplace again)
-    float mx = -INFINITY;
-    for (int j = 0; j < k; ++j) mx = fmaxf(mx, w[j]);
-    double sum = 0.0;
-    for (int j = 0; j < k; ++j) {
-      w[j] = w[j] == -INFINITY ? 0.0f : expf(w[j] - mx);
-      sum += w[j];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int j = 0; j < k; ++j) w[j] *= inv;
+    float mx = lane < k ? w : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    w = w == -INFINITY ? 0.0f : expf(w - mx);
+    w *= static_cast<float>(1.0 / lanes_sum_in_order(w, k));
   }
-  if (p.norm_w) {
-    double sum = 0.0;  // ggml_sum_rows accumulates in ggml_float
-    for (int j = 0; j < k; ++j) sum += w[j];
-    const float s = fmaxf(static_cast<float>(sum), kMinWeightSum);
-    for (int j = 0; j < k; ++j) w[j] /= s;
-  }
-  if (p.w_scale != 0.0f && p.w_scale != 1.0f)
-    for (int j = 0; j < k; ++j) w[j] *= p.w_scale;
+  if (p.norm_w) w /= fmaxf(static_cast<float>(lanes_sum_in_order(w, k)), kMinWeightSum);  // ggml_sum_rows: a ggml_float sum
+  if (p.w_scale != 0.0f && p.w_scale != 1.0f) w *= p.w_scale;
   const int64_t slots = k + (p.shared != 0);
-  for (int j = 0; j < k; ++j) {
-    p.expert[t * slots + j] = chosen[j];
-    p.weight[t * slots + j] = w[j];
+  if (lane < k) {
+    p.expert[t * slots + lane] = mine;
+    p.weight[t * slots + lane] = w;
   }
-  if (p.shared) {
+  if (p.shared && lane == 0) {
     p.expert[t * slots + k] = E;
     p.weight[t * slots + k] = p.shared == 2 ? shared_gate_weight(lg[E]) : 1.0f;
   }

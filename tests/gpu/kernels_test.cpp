@@ -953,7 +953,8 @@ TEST(CudaKernels, GluAddSoftcapMatchHost) {
 // MoE routing on the device = the host's route_token (chosen experts exactly, weights to
 // float rounding) for each gating, with a selection bias, weight normalisation and scale,
 // over expert counts that do and do not fill the warp's lanes; ties (logits rounded to whole
-// numbers: equal scores, the lower expert first) and experts of -inf logit.
+// numbers: equal scores, the lower expert first) and experts of -inf logit; k from 2 to 24 (a
+// slot a lane at the routing's end, route_token), with lanes holding 16 experts (512, 300, 257).
 TEST(CudaKernels, RoutingMatchesHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(41);
@@ -968,7 +969,10 @@ TEST(CudaKernels, RoutingMatchesHost) {
                      C{ExpertGating::kSigmoid, 256, 8, true, true, 2.5f}, C{ExpertGating::kSoftmaxWeight, 32, 4, false, false, 1.0f},
                      C{ExpertGating::kSoftmax, 60, 4, false, false, 1.0f}, C{ExpertGating::kSoftmax, 512, 10, true, true, 1.0f},
                      C{ExpertGating::kSoftmax, 128, 8, false, true, 1.0f, true},
-                     C{ExpertGating::kSigmoid, 60, 6, false, false, 1.0f, true}}) {
+                     C{ExpertGating::kSigmoid, 60, 6, false, false, 1.0f, true},
+                     C{ExpertGating::kSoftmax, 512, 10, false, true, 1.0f, true},
+                     C{ExpertGating::kSigmoid, 300, 16, true, false, 1.0f, true},
+                     C{ExpertGating::kSoftmaxWeight, 257, 24, false, false, 1.0f}}) {
     const int64_t n_tok = 5;
     auto logits = random_floats(rng, n_tok * c.n_expert, 2.0f);
     const auto bias = random_floats(rng, c.n_expert, 0.1f);
