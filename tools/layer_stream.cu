@@ -158,22 +158,18 @@ int main() {
       fill_hash<<<4096, 256>>>(reinterpret_cast<uint32_t*>(w), total / 4, 7);
       CK(cudaDeviceSynchronize());
     }
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int l = 0; l < kLayers; ++l) {
-      const uint8_t* gu = w + l * (kGu + kDown);
-      if (smalls) small_kernel<<<1, 1024, 0, st>>>(resid, kEmbd, out);
-      grid_stride<<<sms * 8, 256, 0, st>>>(reinterpret_cast<const uint4*>(gu), kGu / 16, out);
-      if (smalls) small_kernel<<<14, 1024, 0, st>>>(hidden, kFf, out);
-      grid_stride<<<sms * 8, 256, 0, st>>>(reinterpret_cast<const uint4*>(gu + kGu), kDown / 16, out);
-    }
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    report(a_names[pass], median_us(st, [&] { cudaGraphLaunch(ge, st); }));
+    const float us = graph_median_us(st, [&] {
+      for (int l = 0; l < kLayers; ++l) {
+        const uint8_t* gu = w + l * (kGu + kDown);
+        if (smalls) small_kernel<<<1, 1024, 0, st>>>(resid, kEmbd, out);
+        grid_stride<<<sms * 8, 256, 0, st>>>(reinterpret_cast<const uint4*>(gu), kGu / 16, out);
+        if (smalls) small_kernel<<<14, 1024, 0, st>>>(hidden, kFf, out);
+        grid_stride<<<sms * 8, 256, 0, st>>>(reinterpret_cast<const uint4*>(gu + kGu), kDown / 16, out);
+      }
+    });
+    if (us < 0) return 1;
+    report(a_names[pass], us);
     CK(cudaStreamSynchronize(st));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
   }
   {  // (a2) a whole layer's four products (q/k/v 14.2 MB, wo 9.4, gate/up, down) as bare reads,
      // from one allocation per matrix (as frink uploads them), back to back in one graph
@@ -240,20 +236,15 @@ int main() {
       for (const int64_t pre : {int64_t{0}, max_pre / 4, max_pre / 2, max_pre}) {
         char name[96];
         // (b) one launch per layer, graph of 32
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int l = 0; l < kLayers; ++l)
-          ffn_persistent<<<grid, threads, smem, st>>>(w, resid, hidden, bar, l, 1, pre, out);
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
+        const float us = graph_median_us(st, [&] {
+          for (int l = 0; l < kLayers; ++l)
+            ffn_persistent<<<grid, threads, smem, st>>>(w, resid, hidden, bar, l, 1, pre, out);
+        });
+        if (us < 0) return 1;
         std::snprintf(name, sizeof name, "(b) launch/layer %4d thr x %d/SM, %3lld KB first copied", threads, per_sm,
                       static_cast<long long>(pre / 1024));
-        report(name, median_us(st, [&] { cudaGraphLaunch(ge, st); }));
-        CK(cudaStreamSynchronize(st));
+        report(name, us);
         CK(cudaGetLastError());
-        cudaGraphExecDestroy(ge);
-        cudaGraphDestroy(g);
         // (c) all 32 layers in one launch
         std::snprintf(name, sizeof name, "(c) one launch    %4d thr x %d/SM, %3lld KB first copied", threads, per_sm,
                       static_cast<long long>(pre / 1024));

@@ -116,3 +116,27 @@ float median_us(cudaStream_t st, F run, int reps = 9, int idle_us = 0) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
+
+// Median microseconds of one replay of a CUDA graph of what capture() enqueues on st (reps
+// replays after one not counted, as median_us); the graph is built and freed here. A failed
+// capture prints itself and gives -1.
+template <class F>
+float graph_median_us(cudaStream_t st, F capture, int reps = 9) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+  if (e == cudaSuccess) {
+    capture();
+    e = cudaStreamEndCapture(st, &g);
+  }
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&ge, g, 0);
+  if (e != cudaSuccess) {
+    std::printf("graph capture: %s\n", cudaGetErrorString(e));
+    return -1.0f;
+  }
+  const float us = median_us(st, [&] { cudaGraphLaunch(ge, st); }, reps);
+  cudaStreamSynchronize(st);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  return us;
+}

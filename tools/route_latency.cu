@@ -149,16 +149,7 @@ __global__ void old_route(RouteParams p) {
 // Microseconds a step of a graph of kSteps launches of launch().
 template <class F>
 float graph_step_us(cudaStream_t st, F launch) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
-  for (int s = 0; s < kSteps; ++s) launch();
-  cudaStreamEndCapture(st, &g);
-  cudaGraphInstantiate(&ge, g, 0);
-  const float us = median_us(st, [&] { cudaGraphLaunch(ge, st); }, 5);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return us / kSteps;
+  return graph_median_us(st, [&] { for (int s = 0; s < kSteps; ++s) launch(); }, 5) / kSteps;
 }
 
 // Runs both routings of the same token into slots [0, 32) and [32, 64) of the outputs.

@@ -60,17 +60,11 @@ int main() {
   std::printf("%d SMs, one wave = %d blocks of %d threads\n", sms, wave, kThreads);
 
   for (const int blocks : {1, wave}) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int s = 0; s < kSteps; ++s) step_kernel<<<blocks, kThreads, 0, st>>>(buf);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    const float ms = median_ms([&] { cudaGraphLaunch(ge, st); cudaStreamSynchronize(st); });
+    const float us = graph_median_us(
+        st, [&] { for (int s = 0; s < kSteps; ++s) step_kernel<<<blocks, kThreads, 0, st>>>(buf); }, 5);
+    if (us < 0) return 1;
     std::printf("(%c) graph of %d kernels of %d block(s): %.2f us per step\n", blocks == 1 ? 'a' : 'b', kSteps,
-                blocks, 1000.0f * ms / kSteps);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
+                blocks, us / kSteps);
   }
   if (coop) {
     int steps = kSteps;
