@@ -924,8 +924,8 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_out, p.attn_out_gate ? 2 * q_w : q_w),
                            matmul_params(d.wk, h_.f(), E, k_.f(), k_w), matmul_params(d.wv, h_.f(), E, v_.f(), v_w)};
     qkv[0].pre_norm = &attn_norm;
-    // RoPE and the append in the products' store where it can (decode, adjacent pairs, no
-    // QK-norm: matmul_can_rope): one launch fewer per layer.
+    // RoPE (with the QK-norm for neox heads) and the append in the products' store where it
+    // can (decode: matmul_can_rope): one launch fewer per layer.
     rope_done = roped && !p.attn_out_gate && matmul_can_rope(qkv, 3, r);
     if (rope_done)
       for (MatmulParams& m : qkv) m.rope = &r;

@@ -252,14 +252,21 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
 }
 
 bool matmul_can_rope(const MatmulParams* ps, int n, const RopeLaunch& r) {
-  if (r.neox || r.qk_norm || !r.pos || !r.x || !r.x2 || !r.v || !r.mirror_k || !r.mirror_v || !r.stage_k ||
-      !r.stage_v || r.head_dim % 2 != 0 || r.n_rot <= 0 || r.n_rot % 2 != 0 || r.n_rot > r.head_dim)
+  // (QK-norm only before neox halves, in the fused kernel's form: no norm bias.)
+  if ((r.qk_norm && (!r.neox || !rope_norm_fuses(r) || r.norm_x.b || r.norm_x2.b)) || !r.pos || !r.x || !r.x2 ||
+      !r.v || !r.mirror_k || !r.mirror_v || !r.stage_k || !r.stage_v || r.head_dim % 2 != 0 || r.n_rot <= 0 ||
+      r.n_rot % 2 != 0 || r.n_rot > r.head_dim)
     return false;
   const auto bit = [](RopeRole role) { return 1u << static_cast<int>(role); };
   unsigned seen = 0;  // the roles found
+  int64_t pairs = 0;  // row pairs of the products before ps[i] (the launch's index space)
   for (int i = 0; i < n; ++i) {
     const MatmulParams& p = ps[i];
     const RopeRole role = rope_role(r, p);
+    const int64_t start = pairs;
+    pairs += (p.n_out + 1) / 2;
+    // Neox: every product on the narrow rope kernel, and q and k on clusters of whole heads.
+    if (r.neox && (!matmul_ropes_neox(p, r) || (role != RopeRole::kV && start % (r.head_dim / 2) != 0))) return false;
     if (role == RopeRole::kNone) continue;
     const int64_t width = role == RopeRole::kQ ? r.n_head * r.head_dim
                           : role == RopeRole::kK ? r.n_head2 * r.head_dim

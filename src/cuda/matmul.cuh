@@ -230,12 +230,18 @@ bool launch_matmul_producer(const MatmulParams& p, const RouterNormParams* route
 // run of products that need the same form, not once per product.
 void launch_matmuls(const MatmulParams* ps, int n);
 // Whether launch_matmuls(ps, n) can apply r in the stores of the products r names
-// (MatmulParams::rope): adjacent-pair RoPE (not neox) without QK-norm, with the K/V append
-// (mirror_k and v set), even head_dim and n_rot <= head_dim, and ps holding r's q, k and v
-// products (y at r's x, x2, v; widths and strides r's, the mirror's rows as wide as k's and
-// v's) each on the decode stream kernel (n_tok <= kMatvecMaxTok, no experts, staged rows of
-// its types). False (prefill, cuBLAS, unstaged rows, other kernel families, neox, QK-norm):
-// the products without it, then launch_rope(r), as before.
+// (MatmulParams::rope): the K/V append (mirror_k and v set), even head_dim and n_rot <=
+// head_dim, and ps holding r's q, k and v products (y at r's x, x2, v; widths and strides r's,
+// the mirror's rows as wide as k's and v's) each on the decode stream kernel (n_tok <=
+// kMatvecMaxTok, no experts, staged rows of its types); and either adjacent-pair RoPE without
+// QK-norm, or neox RoPE (with or without the QK-norm launch_rope would fuse: rope_norm_fuses)
+// where every product holds matmul_ropes_neox and q and k start on a head's pairs. False
+// (prefill, cuBLAS, unstaged rows, other kernel families, wider rows): the products without
+// it, then launch_rope(r), as before.
 bool matmul_can_rope(const MatmulParams* ps, int n, const RopeLaunch& r);
+// Whether q/k/v product p can take neox RoPE r (and its QK-norm) in its store: one token's Q4_0
+// rows of at most 4096 elements as the device keeps them (matvec_narrow_rope_kernel), full
+// rotation, and a head's rotation pairs whole blocks of at most 8 (a thread-block cluster).
+bool matmul_ropes_neox(const MatmulParams& p, const RopeLaunch& r);
 
 }  // namespace frink::cuda

@@ -21,11 +21,13 @@
 //   BF16 146 (with a one-pass norm). v4: the stream kernel (matvec_stream_kernel below).
 #include <type_traits>
 
+#include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 
 #include "cuda/block_dot.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/matmul_parts.cuh"
+#include "cuda/norm_row.cuh"
 #include "cuda/occupancy.h"
 #include "cuda/pdl.cuh"
 #include "cuda/rope_math.cuh"
@@ -145,6 +147,12 @@ struct StreamRope {
   bool rotate[kMaxSegs];
   float* mirror[kMaxSegs];
   float* stage[kMaxSegs];
+  // Neox halves (element i of a head with i + head_dim / 2): matvec_narrow_rope_kernel, which
+  // also norms a product's heads first where norm[seg] (QK-norm: RopeLaunch::norm_x / norm_x2).
+  bool neox;
+  bool norm[kMaxSegs];
+  const float* norm_w[kMaxSegs];
+  float norm_eps[kMaxSegs];
 };
 
 struct Segs {
@@ -992,6 +1000,118 @@ __global__ void __launch_bounds__(kSWarps * 32, 6) matvec_narrow_kernel(Segs sg,
   narrow_store<L>(sg, first, np, acc, RK > 0 ? slot_e : -1);
 }
 
+// The narrow neox q/k/v kernel's lanes a row pair (kNarrowBlocks blocks a lane, one pass: rows
+// up to 4096 elements, whole warps past 2048) and warps a block (8 for whole-warp rows, so that
+// a 128-wide head is one portable cluster of 8 blocks); 0 lanes: rows too wide.
+constexpr int narrow_rope_lanes(int64_t n_in) { return n_in <= kNarrowMaxIn ? narrow_q4_0_lanes(n_in) : n_in <= 4096 ? 32 : 0; }
+constexpr int narrow_rope_warps(int lanes) { return lanes == 32 ? 2 * kSWarps : kSWarps; }
+// Thread-block clusters of a narrow neox q/k/v launch: blocks a head's hd / 2 rotation pairs
+// take (a block's row pairs: warps * 32 / lanes), or 0 where they are not whole blocks, more
+// than a portable cluster (8), or a head wider than the two float4 a lane the norm's gather holds.
+constexpr int narrow_rope_cluster_of(int64_t n_in, int64_t head_dim) {
+  const int lanes = narrow_rope_lanes(n_in);
+  if (lanes == 0 || head_dim <= 0 || head_dim > 256) return 0;
+  const int64_t pairs = narrow_rope_warps(lanes) * 32 / lanes, half = head_dim / 2;
+  return head_dim % 2 == 0 && half % pairs == 0 && half / pairs <= 8 ? static_cast<int>(half / pairs) : 0;
+}
+
+// Neox RoPE, with the QK-norm before it, in the store of a one-token q/k/v launch of narrow
+// Q4_0 x8 rows (MatmulParams::rope with RopeLaunch::neox: qwen2/qwen3-style layers). Neox pairs
+// element i of a head with i + hd / 2, and the QK-norm needs the whole head, so the adjacent
+// pairs of seg_store_rope do not serve: sub-warp pair p of a rotated product takes rows
+// h hd + i and h hd + i + hd / 2 (h = p / (hd / 2), i = p % (hd / 2)); v keeps rows 2p, 2p + 1.
+// A head's pairs are one thread-block cluster (narrow_rope_cluster_of: q, k and v start on
+// cluster boundaries, so a cluster is one head of q or k, or part of v). Each block puts its
+// rows' values in shared memory; after a cluster barrier every warp gathers the head's float4s
+// from the cluster's blocks (distributed shared memory) and sums their squares as
+// norm_vec_row does (a lane a float4, the same tree), then each sub-warp scales, rotates and
+// stores its pair, and appends K / V to the mirror and the staging rows: rope_norm_kernel's
+// bits after the products', one launch fewer a layer. Measured (H200, tg128 graph ms a token,
+// one call, two rounds alternating with the products then rope_norm_kernel): qwen3-30b-a3b Q4_0
+// 1.921 / 1.915 -> 1.852 / 1.851, qwen3-8b Q4_0 (whole-warp rows; the OneRow kernel before)
+// 2.115 / 2.119 -> 2.047 / 2.047; logits bit for bit.
+// W warps a block (narrow_rope_warps): 6 blocks a SM of 4 warps, as the narrow kernel, or 3 of 8.
+template <int L, int W>
+__global__ void __launch_bounds__(W * 32, 24 / W) matvec_narrow_rope_kernel(Segs sg, StagedAct x) {
+  static_assert(L == 8 || L == 16 || L == 32, "whole 8-block groups a sub-warp");
+  namespace cg = cooperative_groups;
+  constexpr int kPairs = W * 32 / L;  // row pairs a block
+  __shared__ __align__(16) float vals[kSRows][kPairs];  // the block's rows: [first, second half][pair]
+  const int sl = threadIdx.x % 32 % L, sub = static_cast<int>(threadIdx.x) / L;
+  const int64_t end = sg.g_end[sg.n - 1], g = int64_t{blockIdx.x} * kPairs + sub;
+  if (int64_t{blockIdx.x} * kPairs >= end) return;  // block-uniform: the grid's padding to whole clusters (in v)
+  const bool live = g < end;
+  int seg = 0;
+  while (seg < sg.n - 1 && g >= sg.g_end[seg]) ++seg;
+  // (Fields by value, as narrow_pair's: a reference would put the Args in local memory.)
+  const uint8_t* const w = sg.a[seg].w;
+  const size_t row_bytes = sg.a[seg].row_bytes;
+  const int64_t n_out = sg.a[seg].n_out, pair = g - (seg > 0 ? sg.g_end[seg - 1] : 0);
+  const StreamRope& rp = sg.rope;
+  const bool rot = rp.rotate[seg], norm = rp.norm[seg];  // norm: cluster-uniform
+  const int64_t hd = rp.head_dim, half = hd / 2, i = pair % half;
+  const int64_t r0 = rot ? pair / half * hd + i : 2 * pair;
+  const int64_t r1 = rot ? r0 + half : r0 + 1 < n_out ? r0 + 1 : r0;  // v's odd last row: computed twice, stored once
+  const uint8_t* rows[kSRows] = {w + r0 * row_bytes, w + r1 * row_bytes};
+  const int nb = static_cast<int>(sg.a[0].n_in / 32);
+  NarrowQ4_0 wq;
+  narrow_q4_0_load<L>(wq, rows, sl, nb, live);
+  // Weights are no kernel's output: their loads may overlap the kernel before
+  // (launch_dependent); x, y and the position are read and written only after this.
+  grid_dependency_wait();
+  float acc[kSRows] = {};
+  narrow_q4_0_dot<L>(wq, x.q8, x.d8, sl, nb, live, acc);
+  narrow_sum<L>(acc);
+  Args a = sg.a[seg];
+  float y0 = final_value(a, r0, 0, acc[0]), y1 = final_value(a, r1, 0, acc[1]);
+  if (norm) {
+    if (sl == 0) vals[0][sub] = y0, vals[1][sub] = y1;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    // Lane j takes the head's float4 j and j + 32 (elements 4 j.. lie in one half and one block).
+    const int lane = threadIdx.x % 32;
+    float part[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t e = 4 * (lane + 32 * k), second = e >= half ? 1 : 0, ie = e - second * half;
+      part[k] = 0.0f;
+      if (e < hd) {
+        const float* at = cluster.map_shared_rank(&vals[second][ie % kPairs], static_cast<int>(ie / kPairs));
+        part[k] = sq_sum4(*reinterpret_cast<const float4*>(at));
+      }
+      part[k] = warp_sum(part[k]);
+    }
+    // norm_vec_row's block_sum over its 64 threads: warp 0's float4s, then warp 1's.
+    const float ss = hd > 128 ? part[0] + part[1] : part[0];
+    cluster.barrier_arrive();  // this block is done reading the others' values
+    const float scale = rsqrtf(ss / static_cast<float>(hd) + rp.norm_eps[seg]);
+    y0 = y0 * scale;
+    y1 = y1 * scale;
+    if (const float* nw = rp.norm_w[seg]) {
+      y0 *= nw[i];
+      y1 *= nw[i + half];
+    }
+  }
+  const int64_t pos = *rp.pos + rp.t0;
+  if (rot) {
+    const float2 r = rope_rotate(y0, y1, rope_cos_sin(rp.f, pos, i));
+    y0 = r.x;
+    y1 = r.y;
+  }
+  if (live && sl == 0) {  // y, then (k, v) the mirror's and the staging rows
+    a.y[r0] = y0;
+    a.y[r1] = y1;
+    if (float* const m = rp.mirror[seg]) {
+      float* const st = rp.stage[seg] + rp.t0 * n_out;
+      m[pos * n_out + r0] = y0;
+      m[pos * n_out + r1] = y1;
+      st[r0] = y0;
+      st[r1] = y1;
+    }
+  }
+  if (norm) cg::this_cluster().barrier_wait();  // no block leaves while another may read its values
+}
+
 // Narrow K-quant rows, one token: Q4_K / Q5_K (4 lanes a super-block) and Q6_K (8) rows of at
 // most 16 lanes' super-blocks (n_in <= 1024, Q6_K 512), the MoE experts' down products
 // (qwen3-next-80b-a3b: 512 wide; 2048 rows an expert, 11 slots). A warp of the stream kernel
@@ -1119,9 +1239,14 @@ StreamRope stream_rope(const MatmulParams* ps, int n) {
   s.pos = r->pos;
   s.head_dim = r->head_dim;
   s.n_rot = r->n_rot;
+  s.neox = r->neox;
   for (int i = 0; i < n; ++i) {
     const RopeRole role = ps[i].rope ? rope_role(*r, ps[i]) : RopeRole::kNone;
     s.rotate[i] = role == RopeRole::kQ || role == RopeRole::kK;
+    s.norm[i] = r->qk_norm && s.rotate[i];
+    const NormParams& qk = role == RopeRole::kQ ? r->norm_x : r->norm_x2;
+    s.norm_w[i] = s.norm[i] ? qk.w : nullptr;
+    s.norm_eps[i] = s.norm[i] ? qk.eps : 0.0f;
     s.mirror[i] = role == RopeRole::kK ? r->mirror_k : role == RopeRole::kV ? r->mirror_v : nullptr;
     s.stage[i] = role == RopeRole::kK ? r->stage_k : role == RopeRole::kV ? r->stage_v : nullptr;
   }
@@ -1307,6 +1432,19 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
           return;
         }
       }
+      if constexpr (T == kQ4_0X8 && NT == 1 && R) {
+        if (s.rope.neox) {  // matmul_can_rope held: narrow rows, a head's pairs whole blocks of one cluster
+          const int lanes = narrow_rope_lanes(p.n_in), warps = narrow_rope_warps(lanes);
+          const int64_t c = narrow_rope_cluster_of(p.n_in, s.rope.head_dim), pairs = warps * 32 / lanes;
+          const dim3 gr(static_cast<unsigned>((groups + pairs * c - 1) / (pairs * c) * c));  // whole clusters
+          const dim3 bw(warps * 32);
+          const auto uc = static_cast<unsigned>(c);
+          if (lanes == 8) launch_dependent_clustered(uc, matvec_narrow_rope_kernel<8, kSWarps>, gr, bw, 0, p.stream, s, x);
+          else if (lanes == 16) launch_dependent_clustered(uc, matvec_narrow_rope_kernel<16, kSWarps>, gr, bw, 0, p.stream, s, x);
+          else launch_dependent_clustered(uc, matvec_narrow_rope_kernel<32, 2 * kSWarps>, gr, bw, 0, p.stream, s, x);
+          return;
+        }
+      }
       if constexpr (kReg) {
         if constexpr (NT == 1 && !R && T == kQ4_0X8) {
           if (p.n_in <= kNarrowMaxIn) {  // matvec_narrow_kernel
@@ -1434,6 +1572,10 @@ bool matmul_combines_in_launch(const MatmulParams& p) {
   return mm::combine_shape(p.type, p.n_in, p.n_slots).lanes > 0 && p.slot_expert && p.slots_settled && p.act_round &&
          p.combine_w && p.x_div == 1 && p.n_tok == p.n_slots && !p.bias && !p.expert_scale && p.scale == 1.0f &&
          !p.rope && !p.route && (p.type != kQ4_0X8 || mm::staged_ok(p));
+}
+
+bool matmul_ropes_neox(const MatmulParams& p, const RopeLaunch& r) {
+  return p.type == kQ4_0X8 && p.n_tok == 1 && r.n_rot == r.head_dim && mm::narrow_rope_cluster_of(p.n_in, r.head_dim) > 0;
 }
 
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r) {

@@ -32,6 +32,10 @@ inline int64_t norm_vec_threads(int64_t n) {
 }
 
 #ifdef __CUDACC__
+// A float4's sum of squares as the vector norm adds it: one expression for norm_vec_row and
+// the q/k/v products' fused QK-norm (matvec.cu), so both contract it to the same FMAs.
+__device__ __forceinline__ float sq_sum4(float4 v) { return (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w); }
+
 // Sum over the block (any multiple of 32 threads up to 1024); every thread gets the total.
 __device__ __forceinline__ float block_sum(float v, float* shared) {
 #pragma unroll
@@ -71,7 +75,7 @@ __device__ __forceinline__ void norm_vec_row(const NormParams& p, float4 (&o)[kN
     const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
     if (i >= n4) continue;
     v[k].x -= mean, v[k].y -= mean, v[k].z -= mean, v[k].w -= mean;
-    ss += (v[k].x * v[k].x + v[k].y * v[k].y) + (v[k].z * v[k].z + v[k].w * v[k].w);
+    ss += sq_sum4(v[k]);
   }
   const float scale = rsqrtf(block_sum(ss, shared) / static_cast<float>(p.n) + p.eps);
 #pragma unroll

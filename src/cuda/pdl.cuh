@@ -52,21 +52,35 @@ inline bool pdl_compiled(const void* kernel) {
   return ok;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with programmatic serialization when enabled.
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic serialization when enabled;
+// with cluster_x > 1, in thread-block clusters of cluster_x blocks along x (grid.x a multiple).
 template <typename... KArgs, typename... Args>
-void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      Args&&... args) {
+void launch_dependent_clustered(unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_enabled() && pdl_compiled(reinterpret_cast<const void*>(kernel))) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n++].val.clusterDim = {cluster_x, 1, 1};
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() && pdl_compiled(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
+  cfg.numAttrs = n;
   FRINK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... KArgs, typename... Args>
+void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  launch_dependent_clustered(1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 #ifdef __CUDACC__

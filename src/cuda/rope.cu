@@ -115,9 +115,7 @@ float corr_dim(int64_t n_dims, int64_t n_ctx_orig, float n_rot, float base) {
 
 }  // namespace
 
-// Whether the QK-norms of p can run inside the rotation kernel: the vector norm body over rows
-// that are exactly p's heads (y == x), both at head_dim.
-static bool norm_fuses(const RopeLaunch& p) {
+bool rope_norm_fuses(const RopeLaunch& p) {
   const auto fits = [&](const NormParams& n, float* x, int64_t stride, int64_t heads) {
     return norm_vec_ok(n) && n.n == p.head_dim && n.x == x && n.y == x && n.x_stride == p.head_dim &&
            n.y_stride == p.head_dim && n.n_rows == p.n_tok * heads && !n.layer_norm && stride == heads * p.head_dim;
@@ -144,7 +142,7 @@ RopeFreq rope_freq(const RopeLaunch& p) {
 
 void launch_rope(const RopeLaunch& p) {
   const int64_t items = rope_items(p).all, n = p.n_tok * items;
-  if (p.qk_norm && (n == 0 || !norm_fuses(p))) {  // the same results in two launches
+  if (p.qk_norm && (n == 0 || !rope_norm_fuses(p))) {  // the same results in two launches
     launch_norm_pair(p.norm_x, p.norm_x2);
     RopeLaunch r = p;
     r.qk_norm = false;

@@ -45,6 +45,10 @@ struct RopeLaunch {
 };
 
 void launch_rope(const RopeLaunch& p);
+// Whether the QK-norms of p run inside the rotation (launch_rope's one-kernel form, and the
+// q/k/v products' fused store): the vector norm body over rows that are exactly p's heads
+// (y == x, not a layer norm), both at head_dim.
+bool rope_norm_fuses(const RopeLaunch& p);
 
 // What a pair's angle needs besides its position (rope_math.cuh reads only this), derived on
 // the host once per launch from a RopeLaunch by rope_freq: launch_rope and the q/k/v

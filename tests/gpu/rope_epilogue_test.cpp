@@ -160,6 +160,107 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
     }
 }
 
+// Neox RoPE with the QK-norm before it (qwen3's layers) in the store of a one-token q/k/v
+// launch of narrow Q4_0 rows (matvec_narrow_rope_kernel: a head's pairs one thread-block
+// cluster) against the products, then launch_rope with the norms fused (rope_norm_kernel): bit
+// for bit. Shapes: qwen3-30b-a3b's (2048 wide, head 128: clusters of 8 blocks), qwen3-8b's and
+// 2560 (whole-warp rows, the second with idle lanes), 768 and 1024 wide (8-lane rows: clusters
+// of 4 and 2), a 256-wide head (two float4 a lane in the norm's sums), a v narrower than q's
+// heads, and neox without QK-norm.
+TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(83);
+  struct C {
+    Shape s;
+    int64_t v_dim;
+    bool qk_norm;
+    int32_t pos;
+  };
+  const std::vector<C> cases = {{{2048, 32, 4, 128, 128}, 128, true, 37},  {{768, 4, 2, 128, 128}, 128, true, 3001},
+                                {{1024, 4, 1, 64, 64}, 64, true, 5},       {{512, 2, 2, 256, 256}, 256, true, 70},
+                                {{2048, 8, 2, 128, 128}, 64, true, 12},    {{2048, 8, 2, 128, 128}, 128, false, 9},
+                                {{4096, 32, 8, 128, 128}, 128, true, 40},  {{2560, 4, 2, 128, 128}, 128, true, 2}};
+  for (const C& c : cases) {
+    const Shape& s = c.s;
+    const int64_t q_w = s.n_head * s.head_dim, k_w = s.n_head_kv * s.head_dim, v_w = s.n_head_kv * c.v_dim;
+    const int64_t cap = c.pos + 4;
+    const auto bq = random_weight_row(rng, GgmlType::Q4_0, s.n_in * q_w),
+               bk = random_weight_row(rng, GgmlType::Q4_0, s.n_in * k_w),
+               bv = random_weight_row(rng, GgmlType::Q4_0, s.n_in * v_w);
+    Dev<uint8_t> wq(bq), wk(bk), wv(bv);
+    const int type = to_x8(GgmlType::Q4_0, wq.p, bq.size(), s.n_in);
+    to_x8(GgmlType::Q4_0, wk.p, bk.size(), s.n_in);
+    to_x8(GgmlType::Q4_0, wv.p, bv.size(), s.n_in);
+    Dev<float> dqw(random_floats(rng, s.head_dim)), dkw(random_floats(rng, s.head_dim));
+    Dev<int32_t> dpos(std::vector<int32_t>{c.pos});
+    const auto x = random_floats(rng, s.n_in), mk0 = random_floats(rng, cap * k_w), mv0 = random_floats(rng, cap * v_w);
+    // mode 0: the products alone; 1: then launch_rope (norms fused); 2: all in their store.
+    const auto run = [&](int mode) {
+      Dev<float> dx(x), act(x.size()), dq(static_cast<size_t>(q_w)), dk(static_cast<size_t>(k_w)),
+          dv(static_cast<size_t>(v_w)), dmk(mk0), dmv(mv0), dsk(static_cast<size_t>(k_w)), dsv(static_cast<size_t>(v_w));
+      cuda::MatmulParams ps[3] = {product(GgmlType::Q4_0, wq.p, s, q_w, dx.p, 1, dq.p, act.p),
+                                  product(GgmlType::Q4_0, wk.p, s, k_w, dx.p, 1, dk.p, act.p),
+                                  product(GgmlType::Q4_0, wv.p, s, v_w, dx.p, 1, dv.p, act.p)};
+      for (cuda::MatmulParams& p : ps) p.type = type;
+      cuda::RopeLaunch r = rope_launch(dq.p, dk.p, 1, s.n_head, s.n_head_kv, s.head_dim, s.n_rot, dpos.p);
+      r.neox = true;
+      r.freq_base = 1000000.0f;
+      rope_append(r, dv.p, v_w, dmk.p, dmv.p, dsk.p, dsv.p);
+      const auto norm = [&](float* y, const float* w, int64_t heads) {
+        cuda::NormParams n;
+        n.x = n.y = y;
+        n.x_stride = n.y_stride = n.n = s.head_dim;
+        n.n_rows = heads;
+        n.w = w;
+        n.eps = 1e-6f;
+        return n;
+      };
+      r.qk_norm = c.qk_norm;
+      r.norm_x = norm(dq.p, dqw.p, s.n_head);
+      r.norm_x2 = norm(dk.p, dkw.p, s.n_head_kv);
+      if (mode == 2) {
+        EXPECT_TRUE(cuda::matmul_can_rope(ps, 3, r));
+        for (cuda::MatmulParams& p : ps) p.rope = &r;
+      }
+      cuda::launch_matmuls(ps, 3);
+      if (mode == 1) cuda::launch_rope(r);
+      return std::vector<std::vector<float>>{dq.get(), dk.get(), dv.get(), dmk.get(), dmv.get(), dsk.get(), dsv.get()};
+    };
+    const auto sep = run(1), fused = run(2), plain = run(0);
+    const std::string where = "n_in " + std::to_string(s.n_in) + " head_dim " + std::to_string(s.head_dim) +
+                              " v_dim " + std::to_string(c.v_dim) + " qk_norm " + std::to_string(c.qk_norm);
+    const char* names[] = {"q", "k", "v", "mirror k", "mirror v", "staged k", "staged v"};
+    for (size_t i = 0; i < sep.size(); ++i) EXPECT_EQ(first_diff(fused[i], sep[i]), -1) << names[i] << ": " << where;
+    // The rotation (and norm) ran: q and k differ from the products alone; v is only appended.
+    EXPECT_NE(first_diff(fused[0], plain[0]), -1) << where;
+    EXPECT_NE(first_diff(fused[1], plain[1]), -1) << where;
+    EXPECT_EQ(first_diff(fused[2], plain[2]), -1) << where;
+  }
+  // What the fused store refuses: rows past 4096, partial rotation, a head whose pairs are not
+  // whole blocks (head 16: 8 pairs against a 1024-wide row's 16 a block), or more than 8 blocks
+  // (head 256 of 4096-wide rows: 16).
+  const auto refused = [&](const Shape& s) {
+    const int64_t q_w = s.n_head * s.head_dim, k_w = s.n_head_kv * s.head_dim;
+    cuda::MatmulParams ps[3];
+    float* f = reinterpret_cast<float*>(uintptr_t{0x100000});
+    ps[0] = product(GgmlType::Q4_0, f, s, q_w, f, 1, f + 0x10000, f + 0x40000);
+    ps[1] = product(GgmlType::Q4_0, f, s, k_w, f, 1, f + 0x20000, f + 0x40000);
+    ps[2] = product(GgmlType::Q4_0, f, s, k_w, f, 1, f + 0x30000, f + 0x40000);
+    for (cuda::MatmulParams& p : ps) p.type = 2000 + static_cast<int>(GgmlType::Q4_0);  // the x8 layout
+    cuda::RopeLaunch r = rope_launch(f + 0x10000, f + 0x20000, 1, s.n_head, s.n_head_kv, s.head_dim, s.n_rot,
+                                     reinterpret_cast<const int32_t*>(f));
+    r.neox = true;
+    rope_append(r, f + 0x30000, k_w, f + 0x50000, f + 0x60000, f + 0x70000, f + 0x80000);
+    return !cuda::matmul_can_rope(ps, 3, r);
+  };
+  EXPECT_FALSE(refused({2048, 8, 2, 128, 128}));  // the shape the fused store takes
+  EXPECT_FALSE(refused({4096, 8, 2, 128, 128}));
+  EXPECT_TRUE(refused({8192, 8, 2, 128, 128}));
+  EXPECT_TRUE(refused({4096, 8, 2, 256, 256}));
+  EXPECT_TRUE(refused({2048, 8, 2, 128, 64}));
+  EXPECT_TRUE(refused({1024, 8, 2, 16, 16}));
+}
+
 // matmul_can_rope on fake (aligned) device addresses: it holds for a decode q/k/v group on the
 // stream kernel, and refuses every case launch_rope must keep.
 TEST(CudaRopeEpilogue, PredicateRefusesWhatTheStoreCannotDo) {
