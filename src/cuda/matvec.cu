@@ -1034,6 +1034,7 @@ constexpr int narrow_rope_cluster_of(int64_t n_in, int64_t head_dim) {
 template <int L, int W>
 __global__ void __launch_bounds__(W * 32, 24 / W) matvec_narrow_rope_kernel(Segs sg, StagedAct x) {
   static_assert(L == 8 || L == 16 || L == 32, "whole 8-block groups a sub-warp");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters; never launched elsewhere (matmul_ropes_neox)
   namespace cg = cooperative_groups;
   constexpr int kPairs = W * 32 / L;  // row pairs a block
   __shared__ __align__(16) float vals[kSRows][kPairs];  // the block's rows: [first, second half][pair]
@@ -1110,6 +1111,7 @@ __global__ void __launch_bounds__(W * 32, 24 / W) matvec_narrow_rope_kernel(Segs
     }
   }
   if (norm) cg::this_cluster().barrier_wait();  // no block leaves while another may read its values
+#endif
 }
 
 // Narrow K-quant rows, one token: Q4_K / Q5_K (4 lanes a super-block) and Q6_K (8) rows of at
@@ -1433,6 +1435,9 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         }
       }
       if constexpr (T == kQ4_0X8 && NT == 1 && R) {
+        // (Adjacent pairs here instead of matvec_reg_kernel's store, without a cluster: 8B Q4_0
+        // graph 1.877 / 1.877 -> 1.870 / 1.877 ms, llama3.2-1b 0.580 / 0.579 -> 0.583 / 0.582;
+        // H200, one call, alternating. Left to the row-pair kernel.)
         if (s.rope.neox) {  // matmul_can_rope held: narrow rows, a head's pairs whole blocks of one cluster
           const int lanes = narrow_rope_lanes(p.n_in), warps = narrow_rope_warps(lanes);
           const int64_t c = narrow_rope_cluster_of(p.n_in, s.rope.head_dim), pairs = warps * 32 / lanes;
@@ -1575,7 +1580,9 @@ bool matmul_combines_in_launch(const MatmulParams& p) {
 }
 
 bool matmul_ropes_neox(const MatmulParams& p, const RopeLaunch& r) {
-  return p.type == kQ4_0X8 && p.n_tok == 1 && r.n_rot == r.head_dim && mm::narrow_rope_cluster_of(p.n_in, r.head_dim) > 0;
+  // Thread-block clusters: a device of sm_90 or newer running the kernel's sm_90 code (pdl_compiled).
+  return p.type == kQ4_0X8 && p.n_tok == 1 && r.n_rot == r.head_dim && mm::narrow_rope_cluster_of(p.n_in, r.head_dim) > 0 &&
+         pdl_compiled(reinterpret_cast<const void*>(mm::matvec_narrow_rope_kernel<16, mm::kSWarps>));
 }
 
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r) {
