@@ -239,9 +239,10 @@ void launch_matmuls(const MatmulParams* ps, int n);
 // (prefill, cuBLAS, unstaged rows, other kernel families, wider rows): the products without
 // it, then launch_rope(r), as before.
 bool matmul_can_rope(const MatmulParams* ps, int n, const RopeLaunch& r);
-// Whether q/k/v product p can take neox RoPE r (and its QK-norm) in its store: one token's Q4_0
-// rows of at most 4096 elements as the device keeps them (matvec_narrow_rope_kernel), full
-// rotation, and a head's rotation pairs whole blocks of at most 8 (a thread-block cluster).
+// Whether q/k/v product p can take neox RoPE r (and its QK-norm) in its store: one token, full
+// rotation, on the narrow rope kernel (Q4_0 rows of at most 4096 elements as the device keeps
+// them) or the row-pair register kernel (the x8 layouts, F16 / BF16 rows), with a head's
+// rotation pairs whole blocks of at most 8 (a thread-block cluster), on a device of sm_90 or newer.
 bool matmul_ropes_neox(const MatmulParams& p, const RopeLaunch& r);
 
 }  // namespace frink::cuda

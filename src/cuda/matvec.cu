@@ -265,6 +265,88 @@ __device__ __forceinline__ void seg_store_rope(const Segs& sg, int seg, int64_t 
     }
 }
 
+// Warps a block of matvec_reg_kernel's neox RoPE launches (its W): a 128-wide head's 64
+// rotation pairs are then one cluster of 8 blocks.
+constexpr int kRegRopeWarps = 2 * kSWarps;
+
+// Neox RoPE (StreamRope::neox; matmul_ropes_neox held) in a product's store, for the launches
+// whose row pairs are rotation pairs: product seg's pair p takes rows h hd + i and
+// h hd + i + hd / 2 (h = p / (hd / 2), i = p % (hd / 2)) where it rotates (q, k), and 2p,
+// 2p + 1 otherwise (v), as r0 / r1 hold on entry.
+__device__ __forceinline__ void neox_rows(const StreamRope& rp, int seg, int64_t pair, int64_t& r0, int64_t& r1) {
+  if (!rp.rotate[seg]) return;
+  const int64_t half = rp.head_dim / 2;
+  r0 = pair / half * rp.head_dim + pair % half;
+  r1 = r0 + half;
+}
+
+// The store of such a pair: y0 / y1 its final values (store_row's), sub its index among the
+// block's kPairs pairs, lead the thread that stores. Where rp.norm[seg] (QK-norm first), a
+// head's pairs are one thread-block cluster's blocks (the launch's clusters start on q's and k's
+// heads: matmul_can_rope), each block's rows in its vals: after a cluster barrier every warp
+// gathers the head's float4s through distributed shared memory and sums their squares as
+// norm_vec_row does (a lane a float4, the same tree), so the scale, the norm weights, the
+// rotation (rope_math.cuh), the stores and the K/V appends are rope_norm_kernel's bits after the
+// products'. A second barrier (arrive after the gather, wait before leaving) keeps every block's
+// vals alive for its peers. Every thread of the block calls it.
+template <int kPairs>
+__device__ __forceinline__ void neox_store(const Segs& sg, int seg, int64_t r0, int64_t r1, float y0, float y1, int sub,
+                                           bool lead, bool live, float (&vals)[kSRows][kPairs]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  const StreamRope& rp = sg.rope;
+  const bool rot = rp.rotate[seg], norm = rp.norm[seg];  // norm: cluster-uniform
+  const int64_t hd = rp.head_dim, half = hd / 2, i = r0 % hd, n_out = sg.a[seg].n_out;  // i < half where rot
+  if (norm) {
+    if (lead) vals[0][sub] = y0, vals[1][sub] = y1;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    // Lane j takes the head's float4 j and j + 32 (elements 4 j.. lie in one half and one block).
+    const int lane = threadIdx.x % 32;
+    float part[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t e = 4 * (lane + 32 * k), second = e >= half ? 1 : 0, ie = e - second * half;
+      part[k] = 0.0f;
+      if (e < hd) {
+        const float* at = cluster.map_shared_rank(&vals[second][ie % kPairs], static_cast<int>(ie / kPairs));
+        part[k] = sq_sum4(*reinterpret_cast<const float4*>(at));
+      }
+      part[k] = warp_sum(part[k]);
+    }
+    // norm_vec_row's block_sum over its 64 threads: warp 0's float4s, then warp 1's.
+    const float ss = hd > 128 ? part[0] + part[1] : part[0];
+    cluster.barrier_arrive();  // this block is done reading the others' values
+    const float scale = rsqrtf(ss / static_cast<float>(hd) + rp.norm_eps[seg]);
+    y0 = y0 * scale;
+    y1 = y1 * scale;
+    if (const float* nw = rp.norm_w[seg]) {
+      y0 *= nw[i];
+      y1 *= nw[i + half];
+    }
+  }
+  const int64_t pos = *rp.pos + rp.t0;
+  if (rot) {
+    const float2 r = rope_rotate(y0, y1, rope_cos_sin(rp.f, pos, i));
+    y0 = r.x;
+    y1 = r.y;
+  }
+  if (live && lead) {  // y, then (k, v) the mirror's and the staging rows
+    float* const y = sg.a[seg].y;
+    y[r0] = y0;
+    y[r1] = y1;
+    if (float* const m = rp.mirror[seg]) {
+      float* const st = rp.stage[seg] + rp.t0 * n_out;
+      m[pos * n_out + r0] = y0;
+      m[pos * n_out + r1] = y1;
+      st[r0] = y0;
+      st[r1] = y1;
+    }
+  }
+  if (norm) cg::this_cluster().barrier_wait();  // no block leaves while another may read its values
+#endif
+}
+
 // KS warps of a block share a row pair (KS = 1, 2 or 4), each walking every KS-th chunk of
 // its rows, and their partial sums meet in shared memory. Why: ncu showed the 8B Q4_0 down
 // product (7 chunks a row) at 16 us even with its 33 MB in L2, at 24% occupancy: 2048 warps,
@@ -596,8 +678,13 @@ template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2
 // reads at the stream kernel's rate (22.5 against 22.6 us, about a bare read of its 66 MB)
 // with three quarters of its instructions, and wo and the down average 10.6 us against the
 // stream kernel's 8.1 and 15.0 (KB 1 with two passes in flight, below).
-template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false>
-__global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
+// W: warps a block; kRegRopeWarps (with Rope, one token, MinB 4) is the neox RoPE launch
+// (neox_rows, neox_store): its own instantiation, since the branch in the adjacent-pair kernels
+// cost them registers (Q4_K spilled 16 bytes).
+template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false,
+          int W = kSWarps>
+__global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
+  constexpr bool kNeox = Rope && NT == 1 && W == kRegRopeWarps;
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
   static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
@@ -615,7 +702,7 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
     }
   }
   const int lane = threadIdx.x % 32;
-  const int64_t wi = int64_t{blockIdx.x} * kSWarps + threadIdx.x / 32;
+  const int64_t wi = int64_t{blockIdx.x} * W + threadIdx.x / 32;
   const int64_t g = OneRow ? wi / 2 : wi;
   const int rsel = OneRow ? static_cast<int>(wi % 2) : 0;
   if (g >= sg.g_end[sg.n - 1]) return;  // warp-uniform; no barrier below
@@ -631,6 +718,12 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
   const uint8_t* rows[kSRows];
   rows[0] = w + (row0 + rsel) * row_bytes;
   rows[1] = row0 + 1 < n_out ? rows[0] + row_bytes : rows[0];  // a product's odd last row: computed twice, stored once
+  [[maybe_unused]] int64_t r0 = row0, r1 = row0 + 1 < n_out ? row0 + 1 : row0;  // neox_store's rows
+  if constexpr (kNeox) {
+    neox_rows(sg.rope, seg, row0 / 2, r0, r1);
+    rows[0] = w + r0 * row_bytes;
+    rows[1] = w + r1 * row_bytes;
+  }
   float acc[kSRows][NT];
 #pragma unroll
   for (int r = 0; r < kSRows; ++r)
@@ -847,6 +940,11 @@ __global__ void __launch_bounds__(kSWarps * 32, MinB) matvec_reg_kernel(Segs sg,
   }
   if constexpr (OneRow) {
     seg_store<NT>(sg, first, NT == 1 && sg.plain, seg, row0, rsel, acc[0]);
+  } else if constexpr (kNeox) {
+    __shared__ __align__(16) float vals[kSRows][W];  // neox_store's
+    const Args a = sg.a[seg];
+    const float y0 = final_value(a, r0, 0, warp_sum(acc[0][0])), y1 = final_value(a, r1, 0, warp_sum(acc[1][0]));
+    neox_store<W>(sg, seg, r0, r1, y0, y1, static_cast<int>(threadIdx.x / 32), lane == 0, true, vals);
   } else if constexpr (Rope) {
     seg_store_rope<NT>(sg, seg, row0, acc);
   } else {
@@ -1008,36 +1106,33 @@ constexpr int narrow_rope_warps(int lanes) { return lanes == 32 ? 2 * kSWarps : 
 // Thread-block clusters of a narrow neox q/k/v launch: blocks a head's hd / 2 rotation pairs
 // take (a block's row pairs: warps * 32 / lanes), or 0 where they are not whole blocks, more
 // than a portable cluster (8), or a head wider than the two float4 a lane the norm's gather holds.
+constexpr int rope_cluster_of(int64_t pairs, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  return head_dim > 0 && head_dim <= 256 && head_dim % 2 == 0 && half % pairs == 0 && half / pairs <= 8
+             ? static_cast<int>(half / pairs)
+             : 0;
+}
 constexpr int narrow_rope_cluster_of(int64_t n_in, int64_t head_dim) {
   const int lanes = narrow_rope_lanes(n_in);
-  if (lanes == 0 || head_dim <= 0 || head_dim > 256) return 0;
-  const int64_t pairs = narrow_rope_warps(lanes) * 32 / lanes, half = head_dim / 2;
-  return head_dim % 2 == 0 && half % pairs == 0 && half / pairs <= 8 ? static_cast<int>(half / pairs) : 0;
+  return lanes == 0 ? 0 : rope_cluster_of(narrow_rope_warps(lanes) * 32 / lanes, head_dim);
 }
+// The same for matvec_reg_kernel's neox launches (kRegRopeWarps warps a block, a row pair each).
+constexpr int reg_rope_cluster_of(int64_t head_dim) { return rope_cluster_of(kRegRopeWarps, head_dim); }
 
 // Neox RoPE, with the QK-norm before it, in the store of a one-token q/k/v launch of narrow
-// Q4_0 x8 rows (MatmulParams::rope with RopeLaunch::neox: qwen2/qwen3-style layers). Neox pairs
-// element i of a head with i + hd / 2, and the QK-norm needs the whole head, so the adjacent
-// pairs of seg_store_rope do not serve: sub-warp pair p of a rotated product takes rows
-// h hd + i and h hd + i + hd / 2 (h = p / (hd / 2), i = p % (hd / 2)); v keeps rows 2p, 2p + 1.
-// A head's pairs are one thread-block cluster (narrow_rope_cluster_of: q, k and v start on
-// cluster boundaries, so a cluster is one head of q or k, or part of v). Each block puts its
-// rows' values in shared memory; after a cluster barrier every warp gathers the head's float4s
-// from the cluster's blocks (distributed shared memory) and sums their squares as
-// norm_vec_row does (a lane a float4, the same tree), then each sub-warp scales, rotates and
-// stores its pair, and appends K / V to the mirror and the staging rows: rope_norm_kernel's
-// bits after the products', one launch fewer a layer. Measured (H200, tg128 graph ms a token,
-// one call, two rounds alternating with the products then rope_norm_kernel): qwen3-30b-a3b Q4_0
-// 1.921 / 1.915 -> 1.852 / 1.851, qwen3-8b Q4_0 (whole-warp rows; the OneRow kernel before)
-// 2.115 / 2.119 -> 2.047 / 2.047; logits bit for bit.
+// Q4_0 x8 rows (MatmulParams::rope with RopeLaunch::neox: qwen2/qwen3-style layers): the narrow
+// kernel's sub-warps on neox_rows' rotation pairs, then neox_store, so a head's pairs are the
+// blocks of one cluster (narrow_rope_cluster_of) and rope_norm_kernel's launch goes. Measured
+// (H200, tg128 graph ms a token, one call, two rounds alternating with the products then
+// rope_norm_kernel): qwen3-30b-a3b Q4_0 1.921 / 1.915 -> 1.852 / 1.851, qwen3-8b Q4_0
+// (whole-warp rows; the OneRow kernel before) 2.115 / 2.119 -> 2.047 / 2.047; logits bit for bit.
 // W warps a block (narrow_rope_warps): 6 blocks a SM of 4 warps, as the narrow kernel, or 3 of 8.
 template <int L, int W>
 __global__ void __launch_bounds__(W * 32, 24 / W) matvec_narrow_rope_kernel(Segs sg, StagedAct x) {
   static_assert(L == 8 || L == 16 || L == 32, "whole 8-block groups a sub-warp");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters; never launched elsewhere (matmul_ropes_neox)
-  namespace cg = cooperative_groups;
   constexpr int kPairs = W * 32 / L;  // row pairs a block
-  __shared__ __align__(16) float vals[kSRows][kPairs];  // the block's rows: [first, second half][pair]
+  __shared__ __align__(16) float vals[kSRows][kPairs];  // neox_store's
   const int sl = threadIdx.x % 32 % L, sub = static_cast<int>(threadIdx.x) / L;
   const int64_t end = sg.g_end[sg.n - 1], g = int64_t{blockIdx.x} * kPairs + sub;
   if (int64_t{blockIdx.x} * kPairs >= end) return;  // block-uniform: the grid's padding to whole clusters (in v)
@@ -1048,11 +1143,8 @@ __global__ void __launch_bounds__(W * 32, 24 / W) matvec_narrow_rope_kernel(Segs
   const uint8_t* const w = sg.a[seg].w;
   const size_t row_bytes = sg.a[seg].row_bytes;
   const int64_t n_out = sg.a[seg].n_out, pair = g - (seg > 0 ? sg.g_end[seg - 1] : 0);
-  const StreamRope& rp = sg.rope;
-  const bool rot = rp.rotate[seg], norm = rp.norm[seg];  // norm: cluster-uniform
-  const int64_t hd = rp.head_dim, half = hd / 2, i = pair % half;
-  const int64_t r0 = rot ? pair / half * hd + i : 2 * pair;
-  const int64_t r1 = rot ? r0 + half : r0 + 1 < n_out ? r0 + 1 : r0;  // v's odd last row: computed twice, stored once
+  int64_t r0 = 2 * pair, r1 = r0 + 1 < n_out ? r0 + 1 : r0;  // v's odd last row: computed twice, stored once
+  neox_rows(sg.rope, seg, pair, r0, r1);
   const uint8_t* rows[kSRows] = {w + r0 * row_bytes, w + r1 * row_bytes};
   const int nb = static_cast<int>(sg.a[0].n_in / 32);
   NarrowQ4_0 wq;
@@ -1063,54 +1155,9 @@ __global__ void __launch_bounds__(W * 32, 24 / W) matvec_narrow_rope_kernel(Segs
   float acc[kSRows] = {};
   narrow_q4_0_dot<L>(wq, x.q8, x.d8, sl, nb, live, acc);
   narrow_sum<L>(acc);
-  Args a = sg.a[seg];
-  float y0 = final_value(a, r0, 0, acc[0]), y1 = final_value(a, r1, 0, acc[1]);
-  if (norm) {
-    if (sl == 0) vals[0][sub] = y0, vals[1][sub] = y1;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    // Lane j takes the head's float4 j and j + 32 (elements 4 j.. lie in one half and one block).
-    const int lane = threadIdx.x % 32;
-    float part[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int64_t e = 4 * (lane + 32 * k), second = e >= half ? 1 : 0, ie = e - second * half;
-      part[k] = 0.0f;
-      if (e < hd) {
-        const float* at = cluster.map_shared_rank(&vals[second][ie % kPairs], static_cast<int>(ie / kPairs));
-        part[k] = sq_sum4(*reinterpret_cast<const float4*>(at));
-      }
-      part[k] = warp_sum(part[k]);
-    }
-    // norm_vec_row's block_sum over its 64 threads: warp 0's float4s, then warp 1's.
-    const float ss = hd > 128 ? part[0] + part[1] : part[0];
-    cluster.barrier_arrive();  // this block is done reading the others' values
-    const float scale = rsqrtf(ss / static_cast<float>(hd) + rp.norm_eps[seg]);
-    y0 = y0 * scale;
-    y1 = y1 * scale;
-    if (const float* nw = rp.norm_w[seg]) {
-      y0 *= nw[i];
-      y1 *= nw[i + half];
-    }
-  }
-  const int64_t pos = *rp.pos + rp.t0;
-  if (rot) {
-    const float2 r = rope_rotate(y0, y1, rope_cos_sin(rp.f, pos, i));
-    y0 = r.x;
-    y1 = r.y;
-  }
-  if (live && sl == 0) {  // y, then (k, v) the mirror's and the staging rows
-    a.y[r0] = y0;
-    a.y[r1] = y1;
-    if (float* const m = rp.mirror[seg]) {
-      float* const st = rp.stage[seg] + rp.t0 * n_out;
-      m[pos * n_out + r0] = y0;
-      m[pos * n_out + r1] = y1;
-      st[r0] = y0;
-      st[r1] = y1;
-    }
-  }
-  if (norm) cg::this_cluster().barrier_wait();  // no block leaves while another may read its values
+  const Args a = sg.a[seg];
+  neox_store<kPairs>(sg, seg, r0, r1, final_value(a, r0, 0, acc[0]), final_value(a, r1, 0, acc[1]), sub, sl == 0, live,
+                     vals);
 #endif
 }
 
@@ -1438,7 +1485,8 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // (Adjacent pairs here instead of matvec_reg_kernel's store, without a cluster: 8B Q4_0
         // graph 1.877 / 1.877 -> 1.870 / 1.877 ms, llama3.2-1b 0.580 / 0.579 -> 0.583 / 0.582;
         // H200, one call, alternating. Left to the row-pair kernel.)
-        if (s.rope.neox) {  // matmul_can_rope held: narrow rows, a head's pairs whole blocks of one cluster
+        // Neox rows the narrow rope kernel takes; a head's pairs are whole blocks of one cluster.
+        if (s.rope.neox && narrow_rope_cluster_of(p.n_in, s.rope.head_dim) > 0) {
           const int lanes = narrow_rope_lanes(p.n_in), warps = narrow_rope_warps(lanes);
           const int64_t c = narrow_rope_cluster_of(p.n_in, s.rope.head_dim), pairs = warps * 32 / lanes;
           const dim3 gr(static_cast<unsigned>((groups + pairs * c - 1) / (pairs * c) * c));  // whole clusters
@@ -1485,6 +1533,17 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
           if (!p.slot_expert) {
             const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
             launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true>, gr, b, 0, p.stream, s, x);
+            return;
+          }
+        }
+        if constexpr (NT == 1 && R) {
+          if (s.rope.neox) {  // matmul_can_rope held: reg_rope_cluster_of > 0
+            const int64_t c = reg_rope_cluster_of(s.rope.head_dim), per = kRegRopeWarps * c;
+            const dim3 gr(static_cast<unsigned>((groups + per - 1) / per * c));  // whole clusters
+            // 4 blocks a SM (64 registers); Q4_K's neox kernel spilled 24 bytes there, so 3.
+            constexpr int kMinB = T == kQ4_KX8 ? 3 : 4;
+            const auto kernel = matvec_reg_kernel<T, 1, true, RegBlocks<T>, kMinB, false, kRegRopeWarps>;
+            launch_dependent_clustered(static_cast<unsigned>(c), kernel, gr, dim3(kRegRopeWarps * 32), 0, p.stream, s, x);
             return;
           }
         }
@@ -1580,8 +1639,13 @@ bool matmul_combines_in_launch(const MatmulParams& p) {
 }
 
 bool matmul_ropes_neox(const MatmulParams& p, const RopeLaunch& r) {
-  // Thread-block clusters: a device of sm_90 or newer running the kernel's sm_90 code (pdl_compiled).
-  return p.type == kQ4_0X8 && p.n_tok == 1 && r.n_rot == r.head_dim && mm::narrow_rope_cluster_of(p.n_in, r.head_dim) > 0 &&
+  // The stream launch's kernel for p (matvec_stream_launch): the narrow rope kernel, or the
+  // row-pair register kernel of the x8 layouts and F16 / BF16 rows.
+  const bool narrow = p.type == kQ4_0X8 && mm::narrow_rope_cluster_of(p.n_in, r.head_dim) > 0;
+  const bool reg = p.type == kQ4_0X8 || p.type == kQ8_0X8 || p.type == kQ4_KX8 || p.type == kQ6_KX8 ||
+                   p.type == kF16 || p.type == kBF16;
+  // Thread-block clusters: a device of sm_90 or newer running the kernels' sm_90 code (pdl_compiled).
+  return p.n_tok == 1 && r.n_rot == r.head_dim && (narrow || (reg && mm::reg_rope_cluster_of(r.head_dim) > 0)) &&
          pdl_compiled(reinterpret_cast<const void*>(mm::matvec_narrow_rope_kernel<16, mm::kSWarps>));
 }
 

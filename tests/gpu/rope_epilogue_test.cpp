@@ -161,36 +161,52 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
 }
 
 // Neox RoPE with the QK-norm before it (qwen3's layers) in the store of a one-token q/k/v
-// launch of narrow Q4_0 rows (matvec_narrow_rope_kernel: a head's pairs one thread-block
-// cluster) against the products, then launch_rope with the norms fused (rope_norm_kernel): bit
-// for bit. Shapes: qwen3-30b-a3b's (2048 wide, head 128: clusters of 8 blocks), qwen3-8b's and
-// 2560 (whole-warp rows, the second with idle lanes), 768 and 1024 wide (8-lane rows: clusters
-// of 4 and 2), a 256-wide head (two float4 a lane in the norm's sums), a v narrower than q's
-// heads, and neox without QK-norm.
+// launch, a head's pairs one thread-block cluster (neox_store), against the products, then
+// launch_rope with the norms fused (rope_norm_kernel): bit for bit. Q4_0 rows up to 4096 take
+// the narrow rope kernel; shapes: qwen3-30b-a3b's (2048 wide, head 128: clusters of 8 blocks),
+// qwen3-8b's and 2560 (whole-warp rows, the second with idle lanes), 768 and 1024 wide (8-lane
+// rows: clusters of 4 and 2), a 256-wide head (two float4 a lane in the norm's sums), a v
+// narrower than q's heads, and neox without QK-norm. Q8_0, Q4_K and Q6_K as the device keeps
+// them, BF16 rows and 8192-wide Q4_0 take the row-pair register kernel (8 warps a block).
 TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(83);
   struct C {
+    GgmlType t;
     Shape s;
     int64_t v_dim;
     bool qk_norm;
     int32_t pos;
   };
-  const std::vector<C> cases = {{{2048, 32, 4, 128, 128}, 128, true, 37},  {{768, 4, 2, 128, 128}, 128, true, 3001},
-                                {{1024, 4, 1, 64, 64}, 64, true, 5},       {{512, 2, 2, 256, 256}, 256, true, 70},
-                                {{2048, 8, 2, 128, 128}, 64, true, 12},    {{2048, 8, 2, 128, 128}, 128, false, 9},
-                                {{4096, 32, 8, 128, 128}, 128, true, 40},  {{2560, 4, 2, 128, 128}, 128, true, 2}};
+  const GgmlType q4 = GgmlType::Q4_0;
+  const std::vector<C> cases = {{q4, {2048, 32, 4, 128, 128}, 128, true, 37},
+                                {q4, {768, 4, 2, 128, 128}, 128, true, 3001},
+                                {q4, {1024, 4, 1, 64, 64}, 64, true, 5},
+                                {q4, {512, 2, 2, 256, 256}, 256, true, 70},
+                                {q4, {2048, 8, 2, 128, 128}, 64, true, 12},
+                                {q4, {2048, 8, 2, 128, 128}, 128, false, 9},
+                                {q4, {4096, 32, 8, 128, 128}, 128, true, 40},
+                                {q4, {2560, 4, 2, 128, 128}, 128, true, 2},
+                                {q4, {8192, 4, 2, 128, 128}, 128, true, 11},
+                                {GgmlType::Q8_0, {4096, 8, 2, 128, 128}, 128, true, 23},
+                                {GgmlType::Q8_0, {1024, 4, 2, 64, 64}, 64, true, 4},
+                                {GgmlType::Q4_K, {2048, 8, 4, 128, 128}, 128, true, 31},
+                                {GgmlType::Q6_K, {4096, 4, 2, 128, 128}, 96, true, 8},
+                                {GgmlType::BF16, {2048, 8, 2, 128, 128}, 128, true, 17},
+                                {GgmlType::BF16, {1024, 4, 2, 64, 64}, 64, false, 6}};
   for (const C& c : cases) {
     const Shape& s = c.s;
     const int64_t q_w = s.n_head * s.head_dim, k_w = s.n_head_kv * s.head_dim, v_w = s.n_head_kv * c.v_dim;
     const int64_t cap = c.pos + 4;
-    const auto bq = random_weight_row(rng, GgmlType::Q4_0, s.n_in * q_w),
-               bk = random_weight_row(rng, GgmlType::Q4_0, s.n_in * k_w),
-               bv = random_weight_row(rng, GgmlType::Q4_0, s.n_in * v_w);
+    const auto bq = random_weight_row(rng, c.t, s.n_in * q_w), bk = random_weight_row(rng, c.t, s.n_in * k_w),
+               bv = random_weight_row(rng, c.t, s.n_in * v_w);
     Dev<uint8_t> wq(bq), wk(bk), wv(bv);
-    const int type = to_x8(GgmlType::Q4_0, wq.p, bq.size(), s.n_in);
-    to_x8(GgmlType::Q4_0, wk.p, bk.size(), s.n_in);
-    to_x8(GgmlType::Q4_0, wv.p, bv.size(), s.n_in);
+    const bool x8 = c.t != GgmlType::BF16;
+    const int type = x8 ? to_x8(c.t, wq.p, bq.size(), s.n_in) : static_cast<int>(c.t);
+    if (x8) {
+      to_x8(c.t, wk.p, bk.size(), s.n_in);
+      to_x8(c.t, wv.p, bv.size(), s.n_in);
+    }
     Dev<float> dqw(random_floats(rng, s.head_dim)), dkw(random_floats(rng, s.head_dim));
     Dev<int32_t> dpos(std::vector<int32_t>{c.pos});
     const auto x = random_floats(rng, s.n_in), mk0 = random_floats(rng, cap * k_w), mv0 = random_floats(rng, cap * v_w);
@@ -198,9 +214,9 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
     const auto run = [&](int mode) {
       Dev<float> dx(x), act(x.size()), dq(static_cast<size_t>(q_w)), dk(static_cast<size_t>(k_w)),
           dv(static_cast<size_t>(v_w)), dmk(mk0), dmv(mv0), dsk(static_cast<size_t>(k_w)), dsv(static_cast<size_t>(v_w));
-      cuda::MatmulParams ps[3] = {product(GgmlType::Q4_0, wq.p, s, q_w, dx.p, 1, dq.p, act.p),
-                                  product(GgmlType::Q4_0, wk.p, s, k_w, dx.p, 1, dk.p, act.p),
-                                  product(GgmlType::Q4_0, wv.p, s, v_w, dx.p, 1, dv.p, act.p)};
+      cuda::MatmulParams ps[3] = {product(c.t, wq.p, s, q_w, dx.p, 1, dq.p, act.p),
+                                  product(c.t, wk.p, s, k_w, dx.p, 1, dk.p, act.p),
+                                  product(c.t, wv.p, s, v_w, dx.p, 1, dv.p, act.p)};
       for (cuda::MatmulParams& p : ps) p.type = type;
       cuda::RopeLaunch r = rope_launch(dq.p, dk.p, 1, s.n_head, s.n_head_kv, s.head_dim, s.n_rot, dpos.p);
       r.neox = true;
@@ -227,8 +243,9 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
       return std::vector<std::vector<float>>{dq.get(), dk.get(), dv.get(), dmk.get(), dmv.get(), dsk.get(), dsv.get()};
     };
     const auto sep = run(1), fused = run(2), plain = run(0);
-    const std::string where = "n_in " + std::to_string(s.n_in) + " head_dim " + std::to_string(s.head_dim) +
-                              " v_dim " + std::to_string(c.v_dim) + " qk_norm " + std::to_string(c.qk_norm);
+    const std::string where = std::string(ggml_type_name(c.t)) + " n_in " + std::to_string(s.n_in) + " head_dim " +
+                              std::to_string(s.head_dim) + " v_dim " + std::to_string(c.v_dim) + " qk_norm " +
+                              std::to_string(c.qk_norm);
     const char* names[] = {"q", "k", "v", "mirror k", "mirror v", "staged k", "staged v"};
     for (size_t i = 0; i < sep.size(); ++i) EXPECT_EQ(first_diff(fused[i], sep[i]), -1) << names[i] << ": " << where;
     // The rotation (and norm) ran: q and k differ from the products alone; v is only appended.
@@ -236,29 +253,29 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
     EXPECT_NE(first_diff(fused[1], plain[1]), -1) << where;
     EXPECT_EQ(first_diff(fused[2], plain[2]), -1) << where;
   }
-  // What the fused store refuses: rows past 4096, partial rotation, a head whose pairs are not
-  // whole blocks (head 16: 8 pairs against a 1024-wide row's 16 a block), or more than 8 blocks
-  // (head 256 of 4096-wide rows: 16).
-  const auto refused = [&](const Shape& s) {
+  // What the fused store takes and refuses (type: the id products take): partial rotation, a
+  // head of more than 8 blocks' pairs (256 wide: 16 on either kernel), of fewer pairs than a
+  // block's (8 wide), a type on neither kernel (Q5_K).
+  const auto takes = [&](int type, const Shape& s) {
     const int64_t q_w = s.n_head * s.head_dim, k_w = s.n_head_kv * s.head_dim;
-    cuda::MatmulParams ps[3];
     float* f = reinterpret_cast<float*>(uintptr_t{0x100000});
-    ps[0] = product(GgmlType::Q4_0, f, s, q_w, f, 1, f + 0x10000, f + 0x40000);
-    ps[1] = product(GgmlType::Q4_0, f, s, k_w, f, 1, f + 0x20000, f + 0x40000);
-    ps[2] = product(GgmlType::Q4_0, f, s, k_w, f, 1, f + 0x30000, f + 0x40000);
-    for (cuda::MatmulParams& p : ps) p.type = 2000 + static_cast<int>(GgmlType::Q4_0);  // the x8 layout
+    cuda::MatmulParams ps[3] = {product(q4, f, s, q_w, f, 1, f + 0x10000, f + 0x40000),
+                                product(q4, f, s, k_w, f, 1, f + 0x20000, f + 0x40000),
+                                product(q4, f, s, k_w, f, 1, f + 0x30000, f + 0x40000)};
+    for (cuda::MatmulParams& p : ps) p.type = type;
     cuda::RopeLaunch r = rope_launch(f + 0x10000, f + 0x20000, 1, s.n_head, s.n_head_kv, s.head_dim, s.n_rot,
                                      reinterpret_cast<const int32_t*>(f));
     r.neox = true;
     rope_append(r, f + 0x30000, k_w, f + 0x50000, f + 0x60000, f + 0x70000, f + 0x80000);
-    return !cuda::matmul_can_rope(ps, 3, r);
+    return cuda::matmul_can_rope(ps, 3, r);
   };
-  EXPECT_FALSE(refused({2048, 8, 2, 128, 128}));  // the shape the fused store takes
-  EXPECT_FALSE(refused({4096, 8, 2, 128, 128}));
-  EXPECT_TRUE(refused({8192, 8, 2, 128, 128}));
-  EXPECT_TRUE(refused({4096, 8, 2, 256, 256}));
-  EXPECT_TRUE(refused({2048, 8, 2, 128, 64}));
-  EXPECT_TRUE(refused({1024, 8, 2, 16, 16}));
+  const int q4x8 = 2000 + static_cast<int>(q4), q5k = static_cast<int>(GgmlType::Q5_K);  // 2000 +: x8_type's ids
+  EXPECT_TRUE(takes(q4x8, {2048, 8, 2, 128, 128}));
+  EXPECT_TRUE(takes(q4x8, {8192, 8, 2, 128, 128}));
+  EXPECT_FALSE(takes(q4x8, {4096, 8, 2, 256, 256}));
+  EXPECT_FALSE(takes(q4x8, {2048, 8, 2, 128, 64}));
+  EXPECT_FALSE(takes(q4x8, {1024, 8, 2, 8, 8}));
+  EXPECT_FALSE(takes(q5k, {2048, 8, 2, 128, 128}));
 }
 
 // matmul_can_rope on fake (aligned) device addresses: it holds for a decode q/k/v group on the
