@@ -18,11 +18,15 @@ enum DevType : int {
   kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
   kBF16 = 30, kMXFP4 = 39,
-  // Q4_0, Q8_0, Q4_K and Q6_K as the device keeps them where rows are whole groups of 8
+  // Q4_0, Q8_0, Q4_K, Q5_K and Q6_K as the device keeps them where rows are whole groups of 8
   // blocks or tiles of 8 super-blocks (matmul.cuh, x8_type): no GGUF types, so ids none has.
-  kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0, kQ4_KX8 = 2000 + kQ4_K, kQ6_KX8 = 2000 + kQ6_K,
+  kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0, kQ4_KX8 = 2000 + kQ4_K, kQ5_KX8 = 2000 + kQ5_K,
+  kQ6_KX8 = 2000 + kQ6_K,
 };
-template <int T> constexpr bool kIsX8 = T == kQ4_0X8 || T == kQ8_0X8 || T == kQ4_KX8 || T == kQ6_KX8;
+constexpr bool is_x8(int type) {
+  return type == kQ4_0X8 || type == kQ8_0X8 || type == kQ4_KX8 || type == kQ5_KX8 || type == kQ6_KX8;
+}
+template <int T> constexpr bool kIsX8 = is_x8(T);
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {
   const uint16_t bits = static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -80,6 +84,12 @@ template <> struct BlockGeom<kQ8_0X8> { static constexpr int kElems = 256, kByte
 // quants in two halves: half h holds, for super-block s and group g (qs bytes [32 g, 32 g + 32)),
 // bytes [32 g + 16 h, + 16) at 128 + 512 h + 64 s + 16 g.
 template <> struct BlockGeom<kQ4_KX8> { static constexpr int kElems = 2048, kBytes = 1152; };
+// A tile of 8 Q5_K super-blocks: Q4_KX8's headers (at 16 s) and nibbles (at 384 + 512 h + 64 s +
+// 16 g), between them each group's fifth bits as the decode lane of (s, g) uses them, 8 bytes at
+// 128 + 32 s + 8 g: word h's byte b, bit 2 q + lh, is the fifth bit of element 16 h + 4 q + b of
+// sub-block 2 g + lh (qh[16 h + 4 q + b] bit 2 g + lh), so the bits a dp4a word of nibbles takes
+// are one shift and mask of the word away.
+template <> struct BlockGeom<kQ5_KX8> { static constexpr int kElems = 2048, kBytes = 1408; };
 // A tile of 8 Q6_K super-blocks, in the runs the decode kernel's lanes read (lane part k = 4 h +
 // l8 / 8 of super-block s: half h, elements l8 .. l8 + 7 of each quarter): ql bytes [64 h + l8,
 // + 8) at 64 s + 8 k, ql bytes [64 h + 32 + l8, + 8) at 512 + 64 s + 8 k, qh bytes [32 h + l8,
@@ -112,18 +122,25 @@ __device__ __forceinline__ void dequant8_x8(const uint8_t* row, int64_t u, float
     const uint8_t* q = b + 128 * (c / 2) + 16 * j + 8 * (c % 2);
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = static_cast<int8_t>(bytes8(q, k)) * d;
-  } else if constexpr (T == kQ4_KX8) {
+  } else if constexpr (T == kQ4_KX8 || T == kQ5_KX8) {
     // Sub-block j % 8 of super-block j / 8: group g = j % 8 / 2, low (even) or high nibbles;
-    // its element l at 128 + 512 (l / 16) + 64 sb + 16 g + l % 16.
+    // its element l at kQs + 512 (l / 16) + 64 sb + 16 g + l % 16 (Q5_K's fifth bit: BlockGeom).
+    constexpr int kQs = T == kQ5_KX8 ? 384 : 128;
     const int sb = j / 8, jj = j % 8, g = jj / 2, sh = (jj % 2) * 4;
     const uint8_t* hd = b + 16 * sb;
     const float d = h2f(hd), dmin = h2f(hd + 2);
     int sc, mn;
     scale_min_k4(jj, hd + 4, sc, mn);
     const float d1 = d * sc, m1 = dmin * mn;
-    const uint8_t* q = b + 128 + 512 * (c / 2) + 64 * sb + 16 * g + 8 * (c % 2);
+    const uint8_t* q = b + kQs + 512 * (c / 2) + 64 * sb + 16 * g + 8 * (c % 2);
+    // Elements 16 h + 8 (c % 2) + k: word h = c / 2 of the group's bits, bit 2 q + lh of byte k % 4, q = 2 (c % 2) + k / 4.
+    const uint32_t fifth = T == kQ5_KX8 ? *reinterpret_cast<const uint32_t*>(b + 128 + 32 * sb + 8 * g + 4 * (c / 2)) : 0u;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) out[k] = __fsub_rn(__fmul_rn(d1, (bytes8(q, k) >> sh) & 0xF), m1);
+    for (int k = 0; k < 8; ++k) {
+      int v = (bytes8(q, k) >> sh) & 0xF;
+      if constexpr (T == kQ5_KX8) v += (fifth >> (8 * (k % 4) + 2 * (2 * (c % 2) + k / 4) + jj % 2)) & 1 ? 16 : 0;
+      out[k] = __fsub_rn(__fmul_rn(d1, v), m1);
+    }
   } else if constexpr (T == kQ6_KX8) {
     // Quarter qq of half `half` of super-block sb; its element l: ql byte at 512 (qq & 1) +
     // 64 sb + 32 half + l, qh byte at 1024 + 64 sb + 32 half + l.
@@ -302,6 +319,7 @@ __device__ __forceinline__ void plain8_at(const uint8_t* row, int64_t g, bool ve
 // matmul_supported() and the dispatch, so support and dispatch cannot disagree.
 #define FRINK_FOR_EACH_DEVICE_TYPE(F)                                                      \
   F(kF32) F(kF16) F(kBF16) F(kQ4_0) F(kQ4_1) F(kQ5_0) F(kQ5_1) F(kQ8_0) F(kQ2_K) F(kQ3_K) \
-  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8) F(kQ8_0X8) F(kQ4_KX8) F(kQ6_KX8)
+  F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8) F(kQ8_0X8) F(kQ4_KX8) F(kQ5_KX8) \
+  F(kQ6_KX8)
 
 }  // namespace frink::cuda

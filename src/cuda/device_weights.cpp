@@ -323,7 +323,7 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
   return d;
 }
 
-// Matrices x8_type keeps in another order (Q4_0, Q8_0, Q4_K, Q6_K of suitable widths; matmul.cuh) are
+// Matrices x8_type keeps in another order (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K of suitable widths; matmul.cuh) are
 // reordered once, where they land, on the legacy stream (the constructor waits for it once at
 // its end); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
 int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_t n_in) {

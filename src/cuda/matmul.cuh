@@ -154,10 +154,10 @@ inline Q8KAct q8k_act(const MatmulParams& p) {
 bool matmul_supported(int type);
 // Q4_0 and Q8_0 matrices whose rows are whole groups of 8 blocks (n_in % 256 == 0) live on the
 // device as kQ4_0X8 / kQ8_0X8 (dequant.cuh): each group holds its 8 blocks' quants (in 16-byte
-// words, word h of every block in a run of its own), then their 8 f16 scales; Q4_K and Q6_K
-// ones of whole tiles of 8 super-blocks (n_in % 2048 == 0) as kQ4_KX8 / kQ6_KX8: the tile's
-// parts regrouped in the runs the kernel's lanes read (Q4_K: the 8 headers, then the quants
-// interleaved in 16-byte words).
+// words, word h of every block in a run of its own), then their 8 f16 scales; Q4_K, Q5_K and
+// Q6_K ones of whole tiles of 8 super-blocks (n_in % 2048 == 0) as kQ4_KX8 / kQ5_KX8 / kQ6_KX8:
+// the tile's parts regrouped in the runs the kernel's lanes read (Q4_K: the 8 headers, then the
+// quants interleaved in 16-byte words; Q5_K: its fifth bits between them, a lane's 64 in a run).
 // The file's bytes, reordered inside each group. Why: a lane then reads its block's quants as
 // aligned 16-byte loads next to its neighbours' (coalesced), so the decode kernel (matvec.cu,
 // matvec_reg_kernel) reads rows straight into registers, where the 18- and 34-byte blocks (2-byte
@@ -165,7 +165,7 @@ bool matmul_supported(int type);
 // to be staged through shared memory first.
 // x8_type: the type id a matrix of `type` and width n_in is kept as on the device.
 int x8_type(int type, int64_t n_in);
-// Reorders n_bytes of rows of `type` (Q4_0, Q8_0, Q4_K or Q6_K) at w (device memory, 16-byte aligned,
+// Reorders n_bytes of rows of `type` (Q4_0, Q8_0, Q4_K, Q5_K or Q6_K) at w (device memory, 16-byte aligned,
 // rows of whole groups or tiles) in place to x8_type's layout, on `stream`.
 void repack_x8(int type, void* w, size_t n_bytes, cudaStream_t stream);
 // f16 scratch elements the cuBLAS path needs for an x batch of n_tok x n_in (weight tiles

@@ -97,7 +97,7 @@ constexpr int64_t act_block_elems(ActRound kind) { return kind == kActQ8Blocks |
 constexpr ActRound dp4a_act_for(int type) {
   switch (type) {
     case kQ4_0: case kQ4_0X8: case kQ8_0: case kQ8_0X8: return kActDp4a;
-    case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ6_K: case kQ6_KX8: return kActDp4aK;
+    case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ5_KX8: case kQ6_K: case kQ6_KX8: return kActDp4aK;
     default: return kActNone;
   }
 }
@@ -106,7 +106,8 @@ constexpr ActRound act_round_for(int type) {
   switch (type) {
     case kQ4_0: case kQ4_0X8: case kQ5_0: case kQ8_0: case kQ8_0X8: case kIQ4_NL: case kMXFP4: case kQ4_1: case kQ5_1:
       return kActQ8Blocks;
-    case kQ2_K: case kQ3_K: case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ6_K: case kQ6_KX8: case kIQ4_XS:
+    case kQ2_K: case kQ3_K: case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ5_KX8: case kQ6_K: case kQ6_KX8:
+    case kIQ4_XS:
       return kActQ8K;
     case kF16: return kActF16;
     case kBF16: return kActBF16;

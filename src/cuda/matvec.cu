@@ -147,10 +147,10 @@ struct StreamRope {
   bool rotate[kMaxSegs];
   float* mirror[kMaxSegs];
   float* stage[kMaxSegs];
-  // Neox halves (element i of a head with i + head_dim / 2): matvec_narrow_rope_kernel, which
-  // also norms a product's heads first where norm[seg] (QK-norm: RopeLaunch::norm_x / norm_x2).
+  // Neox halves (element i of a head with i + head_dim / 2): neox_store, which also norms the
+  // rotated products' heads first where qk_norm (RopeLaunch::norm_x / norm_x2).
   bool neox;
-  bool norm[kMaxSegs];
+  bool qk_norm;
   const float* norm_w[kMaxSegs];
   float norm_eps[kMaxSegs];
 };
@@ -284,7 +284,7 @@ __device__ __forceinline__ void neox_rows(const StreamRope& rp, int seg, int64_t
 }
 
 // The store of such a pair: y0 / y1 its final values (store_row's), sub its index among the
-// block's kPairs pairs, lead the thread that stores. Where rp.norm[seg] (QK-norm first), a
+// block's kPairs pairs, lead the thread that stores. Where rp.qk_norm rotates (QK-norm first), a
 // head's pairs are one thread-block cluster's blocks (the launch's clusters start on q's and k's
 // heads: matmul_can_rope), each block's rows in its vals: after a cluster barrier every warp
 // gathers the head's float4s through distributed shared memory and sums their squares as
@@ -298,7 +298,7 @@ __device__ __forceinline__ void neox_store(const Segs& sg, int seg, int64_t r0, 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   const StreamRope& rp = sg.rope;
-  const bool rot = rp.rotate[seg], norm = rp.norm[seg];  // norm: cluster-uniform
+  const bool rot = rp.rotate[seg], norm = rp.qk_norm && rot;  // norm: cluster-uniform
   const int64_t hd = rp.head_dim, half = hd / 2, i = r0 % hd, n_out = sg.a[seg].n_out;  // i < half where rot
   if (norm) {
     if (lead) vals[0][sub] = y0, vals[1][sub] = y1;
@@ -656,6 +656,9 @@ __device__ __forceinline__ V ldw(const V* p) {
   }
 }
 
+// The types matvec_reg_kernel reads (the stream launch's kReg), at compile time and run time.
+constexpr bool reg_kernel_type(int type) { return is_x8(type) || type == kF16 || type == kBF16; }
+
 // Blocks (F16 / BF16: groups of 8 elements) a lane loads per row and pass, by default
 // (matvec_reg_kernel's KB).
 template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2 : 1;
@@ -697,7 +700,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
     const int64_t xr = select_slot(first);
     if constexpr (Staged<T>::kPlain) {
       x.x += xr * first.x_stride;
-    } else if constexpr (T == kQ4_KX8 || T == kQ6_KX8) {
+    } else if constexpr (T == kQ4_KX8 || T == kQ5_KX8 || T == kQ6_KX8) {
       x.q8k = x.q8k.at_row(xr, first.n_in);
     } else {
       x.q8 += xr * first.n_in;
@@ -732,11 +735,13 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
   for (int r = 0; r < kSRows; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-  if constexpr (T == kQ4_KX8) {
+  if constexpr (T == kQ4_KX8 || T == kQ5_KX8) {
     // Lane j takes super-block j / 4 of each tile (8 super-blocks, 2048 elements) and group
     // j % 4 in it, as blocks_dot's Q4_K branch does (4 lanes a super-block, the same sums in
     // the same order); the tile's layout (dequant.cuh) makes its header loads one 128-byte run
     // and each half of its quants 512 contiguous bytes. KB tiles a pass, added in tile order.
+    // Q5_K: the lane's 64 fifth bits one 8-byte load more (a 256-byte run across the warp), each
+    // dp4a word's 4 a shift and a mask of its half's word (BlockGeom<kQ5_KX8>).
     // (A row a warp with KB 2, so a warp keeps a row pair's loads in flight, lost as the
     // one-token kernel: 8B Q4_K_M graph 2.163 / 2.153 -> 2.505 / 2.494 ms, qwen3-next 4 layers
     // 0.337 / 0.335 -> 0.351 / 0.350; H200, one call, alternating. Q6_K's likewise. The loops
@@ -745,10 +750,13 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
     constexpr int kTile = BlockGeom<T>::kBytes;
     const int sb = lane / 4, gq = lane % 4;
     const int n_tiles = static_cast<int>(first.n_in / 2048), n_sb = static_cast<int>(first.n_in / 256);
+    constexpr bool kFifth = T == kQ5_KX8;
+    constexpr int kQs = kFifth ? 384 : 128;
     const int4 zero = make_int4(0, 0, 0, 0);
     for (int t0 = 0; t0 < n_tiles; t0 += KB) {
       uint4 hd[KB][kSRows];
       int4 qv[KB][kSRows][2];
+      uint2 fifth[KB][kSRows];
 #pragma unroll
       for (int u = 0; u < KB; ++u)
         if (t0 + u < n_tiles)
@@ -756,8 +764,9 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
           for (int r = 0; r < kSRows; ++r) {
             const uint8_t* at = rows[r] + int64_t{t0 + u} * kTile;
             hd[u][r] = ldw(reinterpret_cast<const uint4*>(at) + sb);
+            if constexpr (kFifth) fifth[u][r] = ldw(reinterpret_cast<const uint2*>(at + 128) + lane);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw(reinterpret_cast<const int4*>(at + 128 + 512 * h) + lane);
+            for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw(reinterpret_cast<const int4*>(at + kQs + 512 * h) + lane);
           }
       // Weights are no kernel's output: the first tile's loads may overlap the kernel before
       // (launch_dependent); x, y and the residual are read and written only after this.
@@ -776,7 +785,19 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
             const int8_t* xq = x.q8k.q + t * first.n_in + ib * 256 + 64 * gq + 16 * h;
             const int4 xlo = *reinterpret_cast<const int4*>(xq), xhi = *reinterpret_cast<const int4*>(xq + 32);
 #pragma unroll
-            for (int r = 0; r < kSRows; ++r) q4k_half_dot(qv[u][r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
+            for (int r = 0; r < kSRows; ++r) {
+              if constexpr (kFifth) {
+                // Word q's byte b of lb / hb: bit 2 q (low nibbles) / 2 q + 1 of byte b of the half's word, at bit 4.
+                const uint32_t f = h == 0 ? fifth[u][r].x : fifth[u][r].y;
+                const auto at4 = [f](int k) {
+                  return static_cast<int>((k <= 4 ? f << (4 - k) : f >> (k - 4)) & 0x10101010u);
+                };
+                const int4 lb = make_int4(at4(0), at4(2), at4(4), at4(6)), hb = make_int4(at4(1), at4(3), at4(5), at4(7));
+                q4k_half_dot(qv[u][r][h], lb, hb, xlo, xhi, s_lo[r], s_hi[r]);
+              } else {
+                q4k_half_dot(qv[u][r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
+              }
+            }
           }
 #pragma unroll
           for (int r = 0; r < kSRows; ++r) acc[r][t] += q4k_group_value(hd[u][r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
@@ -1121,6 +1142,11 @@ constexpr int narrow_rope_cluster_of(int64_t n_in, int64_t head_dim) {
 }
 // The same for matvec_reg_kernel's neox launches (kRegRopeWarps warps a block, a row pair each).
 constexpr int reg_rope_cluster_of(int64_t head_dim) { return rope_cluster_of(kRegRopeWarps, head_dim); }
+// A neox launch's grid: blocks of per_block row pairs over `pairs`, rounded up to whole clusters of c.
+inline dim3 cluster_grid(int64_t pairs, int64_t per_block, int c) {
+  const int64_t per_cluster = per_block * c;
+  return dim3(static_cast<unsigned>((pairs + per_cluster - 1) / per_cluster * c));
+}
 
 // Neox RoPE, with the QK-norm before it, in the store of a one-token q/k/v launch of narrow
 // Q4_0 x8 rows (MatmulParams::rope with RopeLaunch::neox: qwen2/qwen3-style layers): the narrow
@@ -1292,13 +1318,14 @@ StreamRope stream_rope(const MatmulParams* ps, int n) {
   s.head_dim = r->head_dim;
   s.n_rot = r->n_rot;
   s.neox = r->neox;
+  s.qk_norm = r->qk_norm;
   for (int i = 0; i < n; ++i) {
     const RopeRole role = ps[i].rope ? rope_role(*r, ps[i]) : RopeRole::kNone;
     s.rotate[i] = role == RopeRole::kQ || role == RopeRole::kK;
-    s.norm[i] = r->qk_norm && s.rotate[i];
     const NormParams& qk = role == RopeRole::kQ ? r->norm_x : r->norm_x2;
-    s.norm_w[i] = s.norm[i] ? qk.w : nullptr;
-    s.norm_eps[i] = s.norm[i] ? qk.eps : 0.0f;
+    const bool norm = r->qk_norm && s.rotate[i];
+    s.norm_w[i] = norm ? qk.w : nullptr;
+    s.norm_eps[i] = norm ? qk.eps : 0.0f;
     s.mirror[i] = role == RopeRole::kK ? r->mirror_k : role == RopeRole::kV ? r->mirror_v : nullptr;
     s.stage[i] = role == RopeRole::kK ? r->stage_k : role == RopeRole::kV ? r->stage_v : nullptr;
   }
@@ -1309,7 +1336,7 @@ StreamRope stream_rope(const MatmulParams* ps, int n) {
 template <int T>
 StagedAct act_at(StagedAct x, int64_t t0, int64_t n_in) {
   if constexpr (Staged<T>::kPlain) return x;  // f32 rows: follow Args::x (args_at)
-  else if constexpr (T == kQ4_K || T == kQ4_KX8 || T == kQ5_K || T == kQ6_K || T == kQ6_KX8)
+  else if constexpr (T == kQ4_K || T == kQ4_KX8 || T == kQ5_K || T == kQ5_KX8 || T == kQ6_K || T == kQ6_KX8)
     x.q8k = x.q8k.at_row(t0, n_in);
   else {
     x.q8 += t0 * n_in;
@@ -1449,7 +1476,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   // grouped q/k/v; each warp's arithmetic, not the number of loads in flight, was then the limit.)
   const int64_t n_chunks = (p.n_in / Staged<T>::kBlockElems + Staged<T>::kBlocks - 1) / Staged<T>::kBlocks;
   // (matvec_reg_kernel, for the x8 layouts and F16 / BF16: a warp per row or row pair, whatever ksplit says.)
-  constexpr bool kReg = kIsX8<T> || Staged<T>::kPlain;
+  constexpr bool kReg = reg_kernel_type(T);
   int ks = kReg ? 1 : p.ksplit > 0 ? p.ksplit : matvec_ksplit(n_chunks);
   // Four warps per row pair over more than one wave of resident blocks, where two warps per row
   // pair in three-stage blocks fit one: two (the 8B Q8_0 down, 2048 blocks of four warps
@@ -1489,10 +1516,10 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         // graph 1.877 / 1.877 -> 1.870 / 1.877 ms, llama3.2-1b 0.580 / 0.579 -> 0.583 / 0.582;
         // H200, one call, alternating. Left to the row-pair kernel.)
         // Neox rows the narrow rope kernel takes; a head's pairs are whole blocks of one cluster.
-        if (s.rope.neox && narrow_rope_cluster_of(p.n_in, s.rope.head_dim) > 0) {
+        const int c = s.rope.neox ? narrow_rope_cluster_of(p.n_in, s.rope.head_dim) : 0;
+        if (c > 0) {
           const int lanes = narrow_rope_lanes(p.n_in), warps = narrow_rope_warps(lanes);
-          const int64_t c = narrow_rope_cluster_of(p.n_in, s.rope.head_dim), pairs = warps * 32 / lanes;
-          const dim3 gr(static_cast<unsigned>((groups + pairs * c - 1) / (pairs * c) * c));  // whole clusters
+          const dim3 gr = cluster_grid(groups, warps * 32 / lanes, c);
           const dim3 bw(warps * 32);
           const auto uc = static_cast<unsigned>(c);
           if (lanes == 8) launch_dependent_clustered(uc, matvec_narrow_rope_kernel<8, kSWarps>, gr, bw, 0, p.stream, s, x);
@@ -1541,10 +1568,10 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
         }
         if constexpr (NT == 1 && R) {
           if (s.rope.neox) {  // matmul_can_rope held: reg_rope_cluster_of > 0
-            const int64_t c = reg_rope_cluster_of(s.rope.head_dim), per = kRegRopeWarps * c;
-            const dim3 gr(static_cast<unsigned>((groups + per - 1) / per * c));  // whole clusters
+            const int c = reg_rope_cluster_of(s.rope.head_dim);
+            const dim3 gr = cluster_grid(groups, kRegRopeWarps, c);
             // 4 blocks a SM (64 registers); Q4_K's neox kernel spilled 24 bytes there, so 3.
-            constexpr int kMinB = T == kQ4_KX8 ? 3 : 4;
+            constexpr int kMinB = T == kQ4_KX8 || T == kQ5_KX8 ? 3 : 4;
             const auto kernel = matvec_reg_kernel<T, 1, true, RegBlocks<T>, kMinB, false, kRegRopeWarps>;
             launch_dependent_clustered(static_cast<unsigned>(c), kernel, gr, dim3(kRegRopeWarps * 32), 0, p.stream, s, x);
             return;
@@ -1623,6 +1650,7 @@ template void matvec_stream_launch<kQ4_0>(const MatmulParams*, int, const Staged
 template void matvec_stream_launch<kQ4_0X8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0X8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_KX8>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kQ5_KX8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ6_KX8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
@@ -1645,8 +1673,7 @@ bool matmul_ropes_neox(const MatmulParams& p, const RopeLaunch& r) {
   // The stream launch's kernel for p (matvec_stream_launch): the narrow rope kernel, or the
   // row-pair register kernel of the x8 layouts and F16 / BF16 rows.
   const bool narrow = p.type == kQ4_0X8 && mm::narrow_rope_cluster_of(p.n_in, r.head_dim) > 0;
-  const bool reg = p.type == kQ4_0X8 || p.type == kQ8_0X8 || p.type == kQ4_KX8 || p.type == kQ6_KX8 ||
-                   p.type == kF16 || p.type == kBF16;
+  const bool reg = mm::reg_kernel_type(p.type);
   // Thread-block clusters: a device of sm_90 or newer running the kernels' sm_90 code (pdl_compiled).
   return p.n_tok == 1 && r.n_rot == r.head_dim && (narrow || (reg && mm::reg_rope_cluster_of(r.head_dim) > 0)) &&
          pdl_compiled(reinterpret_cast<const void*>(mm::matvec_narrow_rope_kernel<16, mm::kSWarps>));

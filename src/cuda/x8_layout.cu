@@ -1,4 +1,4 @@
-// Q4_0, Q8_0, Q4_K and Q6_K rows reordered for the device (matmul.cuh: x8_type, repack_x8).
+// Q4_0, Q8_0, Q4_K, Q5_K and Q6_K rows reordered for the device (matmul.cuh: x8_type, repack_x8).
 #include "cuda/cuda_check.h"
 #include "cuda/dequant.cuh"
 #include "cuda/matmul.cuh"
@@ -58,6 +58,42 @@ __global__ void repack_q4_k_x8_kernel(uint8_t* w) {
   p[o] = v;
 }
 
+// One block of 88 threads per Q5_K tile (8 super-blocks of 176 bytes, 11 16-byte words each: the
+// header, 2 of qh, 8 of qs), through shared memory: thread o writes output word o (BlockGeom<kQ5_KX8>):
+// a header (o < 8), 16 bytes of two groups' fifth bits (o < 24: super-block (o - 8) / 2, groups
+// 2 ((o - 8) % 2) and + 1) or a qs word as Q4_KX8 places it.
+constexpr int kQ5KTileWords = BlockGeom<kQ5_KX8>::kBytes / 16;
+__global__ void repack_q5_k_x8_kernel(uint8_t* w) {
+  constexpr int kSbWords = BlockGeom<kQ5_K>::kBytes / 16;
+  __shared__ uint4 in[kQ5KTileWords];
+  uint4* p = reinterpret_cast<uint4*>(w + int64_t{blockIdx.x} * BlockGeom<kQ5_KX8>::kBytes);
+  const int o = threadIdx.x;
+  in[o] = p[o];
+  __syncthreads();
+  uint4 v;
+  if (o < 8) {
+    v = in[kSbWords * o];
+  } else if (o < 24) {
+    const int s = (o - 8) / 2;
+    const uint8_t* qh = reinterpret_cast<const uint8_t*>(&in[kSbWords * s + 1]);
+    uint32_t bits[4] = {};  // groups g0 and g0 + 1, words h = 0, 1 each
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
+      const int g = 2 * ((o - 8) % 2) + gi;
+      for (int h = 0; h < 2; ++h)
+        for (int q = 0; q < 4; ++q)
+          for (int b = 0; b < 4; ++b)
+            for (int lh = 0; lh < 2; ++lh)
+              bits[2 * gi + h] |= ((qh[16 * h + 4 * q + b] >> (2 * g + lh)) & 1u) << (8 * b + 2 * q + lh);
+    }
+    v = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+  } else {
+    const int h = (o - 24) / 32, s = (o - 24) % 32 / 4, g = (o - 24) % 4;
+    v = in[kSbWords * s + 3 + 2 * g + h];
+  }
+  p[o] = v;
+}
+
 // One block per Q6_K tile (8 super-blocks of 210 bytes, 2-byte aligned inside the tile, so
 // bytes, through shared memory and a barrier): output byte o takes input byte src(o) (the
 // layout: dequant.cuh, BlockGeom<kQ6_KX8>).
@@ -90,6 +126,8 @@ int x8_type(int type, int64_t n_in) {
   // Q6_K likewise (one call, alternating, graph ms as the file holds it -> kQ6_KX8): 8B Q4_K_M
   // 2.316 / 2.311 -> 2.296 / 2.301; qwen3-next Q4_K_M, 4 layers, 0.356 / 0.355 -> 0.346 / 0.346.
   if (type == kQ6_K) return n_in % BlockGeom<kQ6_KX8>::kElems == 0 ? kQ6_KX8 : type;
+  // Q5_K likewise (Q4_K_M files' attn_qkv, Q5_K_M files' products): the stream kernel before.
+  if (type == kQ5_K) return n_in % BlockGeom<kQ5_KX8>::kElems == 0 ? kQ5_KX8 : type;
   if (n_in % 256 != 0) return type;
   return type == kQ4_0 ? kQ4_0X8 : type == kQ8_0 ? kQ8_0X8 : type;
 }
@@ -98,6 +136,7 @@ void repack_x8(int type, void* w, size_t n_bytes, cudaStream_t stream) {
   const int group = type == kQ4_0   ? BlockGeom<kQ4_0X8>::kBytes
                     : type == kQ8_0 ? BlockGeom<kQ8_0X8>::kBytes
                     : type == kQ4_K ? BlockGeom<kQ4_KX8>::kBytes
+                    : type == kQ5_K ? BlockGeom<kQ5_KX8>::kBytes
                     : type == kQ6_K ? BlockGeom<kQ6_KX8>::kBytes
                                     : 0;
   FRINK_CUDA_CHECK(group > 0 && n_bytes % group == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0
@@ -105,10 +144,12 @@ void repack_x8(int type, void* w, size_t n_bytes, cudaStream_t stream) {
                        : cudaErrorInvalidValue);
   const auto n_groups = static_cast<int64_t>(n_bytes / group);
   if (n_groups == 0) return;
-  if (type == kQ4_K || type == kQ6_K) {
+  if (type == kQ4_K || type == kQ5_K || type == kQ6_K) {
     FRINK_CUDA_CHECK(n_groups <= 0x7FFFFFFF ? cudaSuccess : cudaErrorInvalidValue);
     if (type == kQ4_K)
       repack_q4_k_x8_kernel<<<static_cast<unsigned>(n_groups), kQ4KTileWords, 0, stream>>>(static_cast<uint8_t*>(w));
+    else if (type == kQ5_K)
+      repack_q5_k_x8_kernel<<<static_cast<unsigned>(n_groups), kQ5KTileWords, 0, stream>>>(static_cast<uint8_t*>(w));
     else
       repack_q6_k_x8_kernel<<<static_cast<unsigned>(n_groups), 256, 0, stream>>>(static_cast<uint8_t*>(w));
     FRINK_CUDA_CHECK_LAUNCH();

@@ -1092,7 +1092,7 @@ TEST(CudaKernels, ExpertProductsEqualPlainOnes) {
 // (matvec.cu one_wave_x): each slot's rows still equal a plain product with its expert, bit
 // for bit. 8 to 24 slots put the grid (1536 to 4608 blocks) in (one wave, two] for any device
 // holding 768 to 3072 blocks at once (an H200: ~1320). The same for the x8 layouts' kernel
-// (matvec_reg_kernel, one warp per row pair; Q4_0, Q4_K and Q6_K; Q4_0's rows of 2048 and 768,
+// (matvec_reg_kernel, one warp per row pair; Q4_0, Q4_K, Q5_K and Q6_K; Q4_0's rows of 2048 and 768,
 // the down's width, on matvec_narrow_kernel's sub-warps of 16 and 8 lanes), and with a bias and
 // expert scales on up.
 TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
@@ -1101,15 +1101,15 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
   const int64_t n_expert = 16, n_out = 768, k = 8;
   Dev<float> db(random_floats(rng, n_expert * n_out)), dsc(random_floats(rng, n_expert));
   const auto sc = dsc.get();
-  // Q4_0 as the file holds it (the stream kernel), and Q4_0, Q4_K and Q6_K as the device keeps
-  // them (x8_type).
+  // Q4_0 as the file holds it (the stream kernel), and Q4_0, Q4_K, Q5_K and Q6_K as the device
+  // keeps them (x8_type).
   struct L {
     GgmlType t;
     bool x8;
     int64_t n_in;
   };
   const L layouts[] = {{GgmlType::Q4_0, false, 2048}, {GgmlType::Q4_0, true, 2048}, {GgmlType::Q4_0, true, 768},
-                       {GgmlType::Q4_K, true, 2048},  {GgmlType::Q6_K, true, 2048}};
+                       {GgmlType::Q4_K, true, 2048},  {GgmlType::Q5_K, true, 2048}, {GgmlType::Q6_K, true, 2048}};
   for (const auto& [t, x8, n_in] : layouts) {
     const size_t expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
     const auto gb = random_weights(rng, t, n_in, n_out * n_expert).bytes, ub = random_weights(rng, t, n_in, n_out * n_expert).bytes;
@@ -1521,7 +1521,7 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
   }
 }
 
-// Q4_0, Q8_0, Q4_K and Q6_K kept as the device keeps rows of whole 8-block groups (matmul.cuh,
+// Q4_0, Q8_0, Q4_K, Q5_K and Q6_K kept as the device keeps rows of whole 8-block groups (matmul.cuh,
 // x8_type: reordered in place) give the host's product on every path that reads them: the x8
 // decode kernel (one and four tokens, a bias, the residual, an odd last row pair, rows of 1 to
 // 56 groups, so lanes whose blocks lie past a row's end; K-quant rows of 1 to 7 tiles), the generic kernel (no activation
@@ -1542,7 +1542,7 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
                                 {4096, 17, 3, false, false, false},   {1024, 64, 8, false, false, true},
                                 {2048, 21, 12, true, false, true},    {2048, 4001, 1, false, true, true},
                                 {4096, 1001, 1, true, false, true}};
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     const GgmlType at = vec_dot_type(t);
     for (const C& c : cases) {
       if (cuda::x8_type(static_cast<int>(t), c.n_in) == static_cast<int>(t)) continue;  // kept as the file holds it

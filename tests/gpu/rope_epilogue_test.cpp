@@ -68,10 +68,10 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
   const std::vector<C> cases = {{{4096, 8, 2, 128, 128}, true, false, true, 37},
                                 {{4096, 4, 2, 64, 32}, false, false, false, 5},
                                 {{4096, 4, 1, 64, 48}, false, true, true, 3001}};
-  // Q4_0, Q8_0 and Q4_K as the file holds them, then those and Q6_K as the device keeps them (x8_type).
-  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16,
-                            GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
-  for (int ti = 0; ti < 8; ++ti)
+  // Q4_0, Q8_0 and Q4_K as the file holds them, then those, Q5_K and Q6_K as the device keeps them (x8_type).
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16, GgmlType::Q4_0,
+                            GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+  for (int ti = 0; ti < 9; ++ti)
     for (const C& c : cases) {
       const GgmlType t = types[ti];
       const bool x8 = ti >= 4;
@@ -166,8 +166,8 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
 // the narrow rope kernel; shapes: qwen3-30b-a3b's (2048 wide, head 128: clusters of 8 blocks),
 // qwen3-8b's and 2560 (whole-warp rows, the second with idle lanes), 768 and 1024 wide (8-lane
 // rows: clusters of 4 and 2), a 256-wide head (two float4 a lane in the norm's sums), a v
-// narrower than q's heads, and neox without QK-norm. Q8_0, Q4_K and Q6_K as the device keeps
-// them, BF16 rows and 8192-wide Q4_0 take the row-pair register kernel (8 warps a block).
+// narrower than q's heads, and neox without QK-norm. Q8_0, Q4_K, Q5_K and Q6_K as the device
+// keeps them, BF16 rows and 8192-wide Q4_0 take the row-pair register kernel (8 warps a block).
 TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(83);
@@ -191,6 +191,7 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
                                 {GgmlType::Q8_0, {4096, 8, 2, 128, 128}, 128, true, 23},
                                 {GgmlType::Q8_0, {1024, 4, 2, 64, 64}, 64, true, 4},
                                 {GgmlType::Q4_K, {2048, 8, 4, 128, 128}, 128, true, 31},
+                                {GgmlType::Q5_K, {4096, 8, 2, 128, 128}, 128, true, 19},
                                 {GgmlType::Q6_K, {4096, 4, 2, 128, 128}, 96, true, 8},
                                 {GgmlType::BF16, {2048, 8, 2, 128, 128}, 128, true, 17},
                                 {GgmlType::BF16, {1024, 4, 2, 64, 64}, 64, false, 6}};
@@ -255,7 +256,7 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
   }
   // What the fused store takes and refuses (type: the id products take): partial rotation, a
   // head of more than 8 blocks' pairs (256 wide: 16 on either kernel), of fewer pairs than a
-  // block's (8 wide), a type on neither kernel (Q5_K).
+  // block's (8 wide), a type on neither kernel (Q5_K as the file holds it).
   const auto takes = [&](int type, const Shape& s) {
     const int64_t q_w = s.n_head * s.head_dim, k_w = s.n_head_kv * s.head_dim;
     float* f = reinterpret_cast<float*>(uintptr_t{0x100000});
