@@ -23,7 +23,7 @@ enum DevType : int {
   kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0, kQ4_KX8 = 2000 + kQ4_K, kQ5_KX8 = 2000 + kQ5_K,
   kQ6_KX8 = 2000 + kQ6_K,
 };
-constexpr bool is_x8(int type) {
+__host__ __device__ constexpr bool is_x8(int type) {
   return type == kQ4_0X8 || type == kQ8_0X8 || type == kQ4_KX8 || type == kQ5_KX8 || type == kQ6_KX8;
 }
 template <int T> constexpr bool kIsX8 = is_x8(T);

@@ -159,6 +159,7 @@ struct Segs {
   Args a[kMaxSegs];
   int64_t g_end[kMaxSegs];  // end of each product's row pairs in the launch's index space
   int n;
+  int t2_seg;  // matvec_reg_kernel's T2: the first product of the launch's second type (n: none)
   // No product of the launch has a bias, a scale or experts: a row's value is its sum (plus
   // the residual), stored without reading the product's epilogue Args (the kernel's store).
   bool plain;
@@ -687,11 +688,13 @@ template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2
 // W: warps a block; kRegRopeWarps (with Rope, one token, MinB 4) is the neox RoPE launch
 // (neox_rows, neox_store): its own instantiation, since the branch in the adjacent-pair kernels
 // cost them registers (Q4_K spilled 16 bytes).
+// T2: the type of the launch's products from sg.t2_seg on (two_type_launch), T for all by default.
 template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false,
-          int W = kSWarps>
+          int W = kSWarps, int T2 = T>
 __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
   constexpr bool kNeox = Rope && NT == 1 && W == kRegRopeWarps;
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
+  static_assert(T2 == T || (NT == 1 && !OneRow && two_type_launch(T, T2)), "a second type: one token, K-quant tiles");
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
   static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
   Args first = sg.a[0];
@@ -735,232 +738,242 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
   for (int r = 0; r < kSRows; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-  if constexpr (T == kQ4_KX8 || T == kQ5_KX8) {
-    // Lane j takes super-block j / 4 of each tile (8 super-blocks, 2048 elements) and group
-    // j % 4 in it, as blocks_dot's Q4_K branch does (4 lanes a super-block, the same sums in
-    // the same order); the tile's layout (dequant.cuh) makes its header loads one 128-byte run
-    // and each half of its quants 512 contiguous bytes. KB tiles a pass, added in tile order.
-    // Q5_K: the lane's 64 fifth bits one 8-byte load more (a 256-byte run across the warp), each
-    // dp4a word's 4 a shift and a mask of its half's word (BlockGeom<kQ5_KX8>).
-    // (A row a warp with KB 2, so a warp keeps a row pair's loads in flight, lost as the
-    // one-token kernel: 8B Q4_K_M graph 2.163 / 2.153 -> 2.505 / 2.494 ms, qwen3-next 4 layers
-    // 0.337 / 0.335 -> 0.351 / 0.350; H200, one call, alternating. Q6_K's likewise. The loops
-    // kept their form, rows inside units inside passes, which at KB 1 measured faster than the
-    // one-tile loop before them: 8B Q4_K_M 2.237 / 2.248 -> 2.167 / 2.169 ms, one call.)
-    constexpr int kTile = BlockGeom<T>::kBytes;
-    const int sb = lane / 4, gq = lane % 4;
-    const int n_tiles = static_cast<int>(first.n_in / 2048), n_sb = static_cast<int>(first.n_in / 256);
-    constexpr bool kFifth = T == kQ5_KX8;
-    constexpr int kQs = kFifth ? 384 : 128;
-    const int4 zero = make_int4(0, 0, 0, 0);
-    for (int t0 = 0; t0 < n_tiles; t0 += KB) {
-      uint4 hd[KB][kSRows];
-      int4 qv[KB][kSRows][2];
-      uint2 fifth[KB][kSRows];
-#pragma unroll
-      for (int u = 0; u < KB; ++u)
-        if (t0 + u < n_tiles)
-#pragma unroll
-          for (int r = 0; r < kSRows; ++r) {
-            const uint8_t* at = rows[r] + int64_t{t0 + u} * kTile;
-            hd[u][r] = ldw(reinterpret_cast<const uint4*>(at) + sb);
-            if constexpr (kFifth) fifth[u][r] = ldw(reinterpret_cast<const uint2*>(at + 128) + lane);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw(reinterpret_cast<const int4*>(at + kQs + 512 * h) + lane);
-          }
-      // Weights are no kernel's output: the first tile's loads may overlap the kernel before
-      // (launch_dependent); x, y and the residual are read and written only after this.
-      if (t0 == 0) grid_dependency_wait();
-#pragma unroll
-      for (int u = 0; u < KB; ++u) {
-        if (t0 + u >= n_tiles) break;
-        const int ib = 8 * (t0 + u) + sb;
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const float dx = x.q8k.d[t * n_sb + ib];
-          const int32_t* xs = x.q8k.sum + t * (first.n_in / 32) + ib * 8 + 2 * gq;  // 4-byte aligned only
-          int s_lo[kSRows] = {}, s_hi[kSRows] = {};
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {  // elements [16 h, 16 h + 16) of both sub-blocks
-            const int8_t* xq = x.q8k.q + t * first.n_in + ib * 256 + 64 * gq + 16 * h;
-            const int4 xlo = *reinterpret_cast<const int4*>(xq), xhi = *reinterpret_cast<const int4*>(xq + 32);
-#pragma unroll
+  // The rows' dot as type U: T, or T2 for the products from sg.t2_seg on.
+  const auto dot = [&](auto type) {
+    constexpr int U = decltype(type)::value;
+    if constexpr (U == kQ4_KX8 || U == kQ5_KX8) {
+      // Lane j takes super-block j / 4 of each tile (8 super-blocks, 2048 elements) and group
+      // j % 4 in it, as blocks_dot's Q4_K branch does (4 lanes a super-block, the same sums in
+      // the same order); the tile's layout (dequant.cuh) makes its header loads one 128-byte run
+      // and each half of its quants 512 contiguous bytes. KB tiles a pass, added in tile order.
+      // Q5_K: the lane's 64 fifth bits one 8-byte load more (a 256-byte run across the warp), each
+      // dp4a word's 4 a shift and a mask of its half's word (BlockGeom<kQ5_KX8>).
+      // (A row a warp with KB 2, so a warp keeps a row pair's loads in flight, lost as the
+      // one-token kernel: 8B Q4_K_M graph 2.163 / 2.153 -> 2.505 / 2.494 ms, qwen3-next 4 layers
+      // 0.337 / 0.335 -> 0.351 / 0.350; H200, one call, alternating. Q6_K's likewise. The loops
+      // kept their form, rows inside units inside passes, which at KB 1 measured faster than the
+      // one-tile loop before them: 8B Q4_K_M 2.237 / 2.248 -> 2.167 / 2.169 ms, one call.)
+      constexpr int kTile = BlockGeom<U>::kBytes;
+      const int sb = lane / 4, gq = lane % 4;
+      const int n_tiles = static_cast<int>(first.n_in / 2048), n_sb = static_cast<int>(first.n_in / 256);
+      constexpr bool kFifth = U == kQ5_KX8;
+      constexpr int kQs = kFifth ? 384 : 128;
+      const int4 zero = make_int4(0, 0, 0, 0);
+      for (int t0 = 0; t0 < n_tiles; t0 += KB) {
+        uint4 hd[KB][kSRows];
+        int4 qv[KB][kSRows][2];
+        uint2 fifth[KB][kSRows];
+  #pragma unroll
+        for (int u = 0; u < KB; ++u)
+          if (t0 + u < n_tiles)
+  #pragma unroll
             for (int r = 0; r < kSRows; ++r) {
-              if constexpr (kFifth) {
-                // Word q's byte b of lb / hb: bit 2 q (low nibbles) / 2 q + 1 of byte b of the half's word, at bit 4.
-                const uint32_t f = h == 0 ? fifth[u][r].x : fifth[u][r].y;
-                const auto at4 = [f](int k) {
-                  return static_cast<int>((k <= 4 ? f << (4 - k) : f >> (k - 4)) & 0x10101010u);
-                };
-                const int4 lb = make_int4(at4(0), at4(2), at4(4), at4(6)), hb = make_int4(at4(1), at4(3), at4(5), at4(7));
-                q4k_half_dot(qv[u][r][h], lb, hb, xlo, xhi, s_lo[r], s_hi[r]);
-              } else {
-                q4k_half_dot(qv[u][r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
+              const uint8_t* at = rows[r] + int64_t{t0 + u} * kTile;
+              hd[u][r] = ldw(reinterpret_cast<const uint4*>(at) + sb);
+              if constexpr (kFifth) fifth[u][r] = ldw(reinterpret_cast<const uint2*>(at + 128) + lane);
+  #pragma unroll
+              for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw(reinterpret_cast<const int4*>(at + kQs + 512 * h) + lane);
+            }
+        // Weights are no kernel's output: the first tile's loads may overlap the kernel before
+        // (launch_dependent); x, y and the residual are read and written only after this.
+        if (t0 == 0) grid_dependency_wait();
+  #pragma unroll
+        for (int u = 0; u < KB; ++u) {
+          if (t0 + u >= n_tiles) break;
+          const int ib = 8 * (t0 + u) + sb;
+  #pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const float dx = x.q8k.d[t * n_sb + ib];
+            const int32_t* xs = x.q8k.sum + t * (first.n_in / 32) + ib * 8 + 2 * gq;  // 4-byte aligned only
+            int s_lo[kSRows] = {}, s_hi[kSRows] = {};
+  #pragma unroll
+            for (int h = 0; h < 2; ++h) {  // elements [16 h, 16 h + 16) of both sub-blocks
+              const int8_t* xq = x.q8k.q + t * first.n_in + ib * 256 + 64 * gq + 16 * h;
+              const int4 xlo = *reinterpret_cast<const int4*>(xq), xhi = *reinterpret_cast<const int4*>(xq + 32);
+  #pragma unroll
+              for (int r = 0; r < kSRows; ++r) {
+                if constexpr (kFifth) {
+                  // Word q's byte b of lb / hb: bit 2 q (low nibbles) / 2 q + 1 of byte b of the half's word, at bit 4.
+                  const uint32_t f = h == 0 ? fifth[u][r].x : fifth[u][r].y;
+                  const auto at4 = [f](int k) {
+                    return static_cast<int>((k <= 4 ? f << (4 - k) : f >> (k - 4)) & 0x10101010u);
+                  };
+                  const int4 lb = make_int4(at4(0), at4(2), at4(4), at4(6)), hb = make_int4(at4(1), at4(3), at4(5), at4(7));
+                  q4k_half_dot(qv[u][r][h], lb, hb, xlo, xhi, s_lo[r], s_hi[r]);
+                } else {
+                  q4k_half_dot(qv[u][r][h], zero, zero, xlo, xhi, s_lo[r], s_hi[r]);
+                }
               }
             }
+  #pragma unroll
+            for (int r = 0; r < kSRows; ++r) acc[r][t] += q4k_group_value(hd[u][r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
           }
-#pragma unroll
-          for (int r = 0; r < kSRows; ++r) acc[r][t] += q4k_group_value(hd[u][r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
         }
       }
-    }
-  } else if constexpr (T == kQ6_KX8) {
-    // Lane j takes super-block j / 8 of each pass (4 super-blocks, half a tile) and part
-    // k = j % 8 of it, as blocks_dot's Q6_K branch does (8 lanes a super-block: half h = k / 4,
-    // elements [l8, l8 + 8) of each quarter); the tile's layout (dequant.cuh) makes each of the
-    // lane's 8-byte runs of ql, ql and qh one 256-byte contiguous load across the warp. KB
-    // passes at a time, added in pass order.
-    constexpr int kTile = BlockGeom<T>::kBytes;
-    const int k = lane % 8, h = k / 4, l8 = 8 * (k % 4);
-    const int n_pass = static_cast<int>(first.n_in / 1024), n_sb = static_cast<int>(first.n_in / 256);
-    for (int p0 = 0; p0 < n_pass; p0 += KB) {
-      uint32_t ql0[KB][kSRows][2], ql1[KB][kSRows][2], qh[KB][kSRows][2], sc[KB][kSRows][2];
-      unsigned short dr[KB][kSRows];
-#pragma unroll
-      for (int u = 0; u < KB; ++u)
-        if (p0 + u < n_pass)
-#pragma unroll
-          for (int r = 0; r < kSRows; ++r) {
-            const int pi = p0 + u, s = 4 * (pi % 2) + lane / 8;  // the super-block within its tile
-            const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
-            const uint2 a0 = ldw(reinterpret_cast<const uint2*>(at + 64 * s) + k);
-            const uint2 a1 = ldw(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
-            const uint2 a2 = ldw(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
-            const uint2 a3 = ldw(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
-            ql0[u][r][0] = a0.x, ql0[u][r][1] = a0.y, ql1[u][r][0] = a1.x, ql1[u][r][1] = a1.y;
-            qh[u][r][0] = a2.x, qh[u][r][1] = a2.y, sc[u][r][0] = a3.x, sc[u][r][1] = a3.y;
-            dr[u][r] = ldw(reinterpret_cast<const unsigned short*>(at + 1664) + s);
-          }
-      // Weights are no kernel's output: the first pass's loads may overlap the kernel before
-      // (launch_dependent); x, y and the residual are read and written only after this.
-      if (p0 == 0) grid_dependency_wait();
-#pragma unroll
-      for (int u = 0; u < KB; ++u) {
-        if (p0 + u >= n_pass) break;
-        const int ib = 4 * (p0 + u) + lane / 8;
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          int sumi[kSRows] = {};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int2 xv = *reinterpret_cast<const int2*>(x.q8k.q + t * first.n_in + ib * 256 + 128 * h + 32 * j + l8);
-            const int xs32 = q6k_offset(xv);
-#pragma unroll
+    } else if constexpr (U == kQ6_KX8) {
+      // Lane j takes super-block j / 8 of each pass (4 super-blocks, half a tile) and part
+      // k = j % 8 of it, as blocks_dot's Q6_K branch does (8 lanes a super-block: half h = k / 4,
+      // elements [l8, l8 + 8) of each quarter); the tile's layout (dequant.cuh) makes each of the
+      // lane's 8-byte runs of ql, ql and qh one 256-byte contiguous load across the warp. KB
+      // passes at a time, added in pass order.
+      constexpr int kTile = BlockGeom<U>::kBytes;
+      const int k = lane % 8, h = k / 4, l8 = 8 * (k % 4);
+      const int n_pass = static_cast<int>(first.n_in / 1024), n_sb = static_cast<int>(first.n_in / 256);
+      for (int p0 = 0; p0 < n_pass; p0 += KB) {
+        uint32_t ql0[KB][kSRows][2], ql1[KB][kSRows][2], qh[KB][kSRows][2], sc[KB][kSRows][2];
+        unsigned short dr[KB][kSRows];
+  #pragma unroll
+        for (int u = 0; u < KB; ++u)
+          if (p0 + u < n_pass)
+  #pragma unroll
+            for (int r = 0; r < kSRows; ++r) {
+              const int pi = p0 + u, s = 4 * (pi % 2) + lane / 8;  // the super-block within its tile
+              const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
+              const uint2 a0 = ldw(reinterpret_cast<const uint2*>(at + 64 * s) + k);
+              const uint2 a1 = ldw(reinterpret_cast<const uint2*>(at + 512 + 64 * s) + k);
+              const uint2 a2 = ldw(reinterpret_cast<const uint2*>(at + 1024 + 64 * s) + k);
+              const uint2 a3 = ldw(reinterpret_cast<const uint2*>(at + 1536 + 16 * s) + h);
+              ql0[u][r][0] = a0.x, ql0[u][r][1] = a0.y, ql1[u][r][0] = a1.x, ql1[u][r][1] = a1.y;
+              qh[u][r][0] = a2.x, qh[u][r][1] = a2.y, sc[u][r][0] = a3.x, sc[u][r][1] = a3.y;
+              dr[u][r] = ldw(reinterpret_cast<const unsigned short*>(at + 1664) + s);
+            }
+        // Weights are no kernel's output: the first pass's loads may overlap the kernel before
+        // (launch_dependent); x, y and the residual are read and written only after this.
+        if (p0 == 0) grid_dependency_wait();
+  #pragma unroll
+        for (int u = 0; u < KB; ++u) {
+          if (p0 + u >= n_pass) break;
+          const int ib = 4 * (p0 + u) + lane / 8;
+  #pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            int sumi[kSRows] = {};
+  #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const int2 xv = *reinterpret_cast<const int2*>(x.q8k.q + t * first.n_in + ib * 256 + 128 * h + 32 * j + l8);
+              const int xs32 = q6k_offset(xv);
+  #pragma unroll
+              for (int r = 0; r < kSRows; ++r)
+                sumi[r] += q6k_scale(sc[u][r], l8 / 16 + 2 * j) * q6k_quarter_dot(ql0[u][r], ql1[u][r], qh[u][r], j, xv, xs32);
+            }
+            const float dx = x.q8k.d[t * n_sb + ib];
+  #pragma unroll
             for (int r = 0; r < kSRows; ++r)
-              sumi[r] += q6k_scale(sc[u][r], l8 / 16 + 2 * j) * q6k_quarter_dot(ql0[u][r], ql1[u][r], qh[u][r], j, xv, xs32);
+              acc[r][t] += (dx * __half2float(__ushort_as_half(dr[u][r]))) * static_cast<float>(sumi[r]);
           }
-          const float dx = x.q8k.d[t * n_sb + ib];
-#pragma unroll
-          for (int r = 0; r < kSRows; ++r)
-            acc[r][t] += (dx * __half2float(__ushort_as_half(dr[u][r]))) * static_cast<float>(sumi[r]);
         }
       }
-    }
-  } else if constexpr (Staged<T>::kPlain) {
-    // F16 / BF16 rows (16-byte aligned: staged_ok): lane j takes the 8-element groups j + 32 k,
-    // KB a row and pass, so each warp load is 512 contiguous bytes; x rows are f32 (the host's
-    // rounding, launch_act_round), 32 bytes a group, read after the dependency wait. (Rounding x
-    // here instead, so the act_round launch before each product goes, lost: 8B BF16 graph 4.315
-    // / 4.306 -> 4.622 / 4.621 ms, H200, one call, alternating; 8 conversions more an element
-    // group and row, on a kernel whose arithmetic is not hidden.)
-    constexpr int kR = OneRow ? 1 : kSRows;
-    const int n_g = static_cast<int>(first.n_in / 8);
-    for (int g0 = 0; g0 < n_g; g0 += 32 * KB) {
-      uint4 wv[kR][KB];
-#pragma unroll
-      for (int k = 0; k < KB; ++k)
-        if (lane + 32 * k < n_g - g0)
-#pragma unroll
-          for (int r = 0; r < kR; ++r) wv[r][k] = ldw(reinterpret_cast<const uint4*>(rows[r]) + g0 + 32 * k + lane);
-      // Weights are no kernel's output: the first pass's loads may overlap the kernel before
-      // (launch_dependent); x, y and the residual are read and written only after this.
-      if (g0 == 0) grid_dependency_wait();
-#pragma unroll
-      for (int k = 0; k < KB; ++k)
-        if (lane + 32 * k < n_g - g0)
-#pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            const float4* xp = reinterpret_cast<const float4*>(x.x + t * first.x_stride) + 2 * (g0 + 32 * k + lane);
-            const float4 x0 = xp[0], x1 = xp[1];
-#pragma unroll
-            for (int r = 0; r < kR; ++r) {
-              float e[8];
-              plain8_of<T>(wv[r][k], e);
-              acc[r][t] += e[0] * x0.x + e[1] * x0.y + e[2] * x0.z + e[3] * x0.w + e[4] * x1.x + e[5] * x1.y +
-                           e[6] * x1.z + e[7] * x1.w;
-            }
-          }
-    }
-  } else {
-    constexpr int kR = OneRow ? 1 : kSRows;  // rows this warp computes
-    constexpr int kGroup = BlockGeom<T>::kBytes, kBlock = kGroup / 8;  // 144 and 18 bytes (Q4_0), 272 and 34 (Q8_0)
-    constexpr int kQuant = kBlock - 2, kWords = kQuant / 16;          // a block's quants, in 16-byte words
-    // Lane j's block of a pass is j + 32 k past the pass's first b0 (a multiple of 32 blocks, so
-    // of groups): its quant word i at kBlock (b0 + 32 k) + qj + 128 i in the row (the group's
-    // layout: dequant.cuh), its scale likewise at dj. Constant k offsets fold into the loads'
-    // addresses.
-    const int qj = (lane / 8) * kGroup + 16 * (lane % 8), dj = (lane / 8) * kGroup + 8 * kQuant + 2 * (lane % 8);
-    const int nb = static_cast<int>(first.n_in / 32);
-    constexpr int kPass = 32 * KB;  // blocks a pass
-    struct Pass {
-      int4 q[kR][KB][kWords];
-      unsigned short d[kR][KB];
-    };
-    auto load = [&](Pass& ps, int b0) {
+    } else if constexpr (Staged<U>::kPlain) {
+      // F16 / BF16 rows (16-byte aligned: staged_ok): lane j takes the 8-element groups j + 32 k,
+      // KB a row and pass, so each warp load is 512 contiguous bytes; x rows are f32 (the host's
+      // rounding, launch_act_round), 32 bytes a group, read after the dependency wait. (Rounding x
+      // here instead, so the act_round launch before each product goes, lost: 8B BF16 graph 4.315
+      // / 4.306 -> 4.622 / 4.621 ms, H200, one call, alternating; 8 conversions more an element
+      // group and row, on a kernel whose arithmetic is not hidden.)
+      constexpr int kR = OneRow ? 1 : kSRows;
+      const int n_g = static_cast<int>(first.n_in / 8);
+      for (int g0 = 0; g0 < n_g; g0 += 32 * KB) {
+        uint4 wv[kR][KB];
   #pragma unroll
-      for (int k = 0; k < KB; ++k)
-        if (lane + 32 * k < nb - b0)
+        for (int k = 0; k < KB; ++k)
+          if (lane + 32 * k < n_g - g0)
   #pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
+            for (int r = 0; r < kR; ++r) wv[r][k] = ldw(reinterpret_cast<const uint4*>(rows[r]) + g0 + 32 * k + lane);
+        // Weights are no kernel's output: the first pass's loads may overlap the kernel before
+        // (launch_dependent); x, y and the residual are read and written only after this.
+        if (g0 == 0) grid_dependency_wait();
   #pragma unroll
-            for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw(reinterpret_cast<const int4*>(at + qj + 128 * i));
-            ps.d[r][k] = ldw(reinterpret_cast<const unsigned short*>(at + dj));
-          }
-    };
-    const int8_t* const xq = x.q8 + 32 * lane;
-    const float* const xd = x.d8 + lane;
-    auto compute = [&](const Pass& ps, int b0) {
+        for (int k = 0; k < KB; ++k)
+          if (lane + 32 * k < n_g - g0)
   #pragma unroll
-      for (int k = 0; k < KB; ++k)
-        if (lane + 32 * k < nb - b0)
+            for (int t = 0; t < NT; ++t) {
+              const float4* xp = reinterpret_cast<const float4*>(x.x + t * first.x_stride) + 2 * (g0 + 32 * k + lane);
+              const float4 x0 = xp[0], x1 = xp[1];
   #pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            const int4* xp = reinterpret_cast<const int4*>(xq + t * first.n_in + 32 * (b0 + 32 * k));
-            const int4 lo = xp[0], hi = xp[1];
-            const float dx = xd[t * nb + b0 + 32 * k];
-            [[maybe_unused]] int xs = 0;
-            if constexpr (T == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
-  #pragma unroll
-            for (int r = 0; r < kR; ++r) {
-              // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
-              const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
-              const int4* q = ps.q[r][k];
-              if constexpr (T == kQ4_0X8) {
-                const int qw[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
-                acc[r][t] += q4_0_value(qw, dw, lo, hi, xs, dx);
-              } else {
-                const int qw[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
-                const int xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-                int sum = 0;
-  #pragma unroll
-                for (int m = 0; m < 8; ++m) sum = __dp4a(qw[m], xw[m], sum);
-                acc[r][t] += static_cast<float>(sum) * (dw * dx);
+              for (int r = 0; r < kR; ++r) {
+                float e[8];
+                plain8_of<U>(wv[r][k], e);
+                acc[r][t] += e[0] * x0.x + e[1] * x0.y + e[2] * x0.z + e[3] * x0.w + e[4] * x1.x + e[5] * x1.y +
+                             e[6] * x1.z + e[7] * x1.w;
               }
             }
-          }
-    };
-    // One pass in flight per warp: its loads, then its arithmetic. Two passes in flight (two
-    // register sets, each reloaded once computed, both loaded before the dependency wait) ran
-    // the 8B token slower: tg128 496.7-507.8 -> 478.2-482.0 (KB 1; H200, one call, alternating).
-    for (int b0 = 0; b0 < nb; b0 += kPass) {
-      Pass ps;
-      load(ps, b0);
-      // Weights are no kernel's output: the first pass's loads may overlap the kernel before
-      // (launch_dependent); x, y and the residual are read and written only after this.
-      if (b0 == 0) grid_dependency_wait();
-      compute(ps, b0);
+      }
+    } else {
+      constexpr int kR = OneRow ? 1 : kSRows;  // rows this warp computes
+      constexpr int kGroup = BlockGeom<U>::kBytes, kBlock = kGroup / 8;  // 144 and 18 bytes (Q4_0), 272 and 34 (Q8_0)
+      constexpr int kQuant = kBlock - 2, kWords = kQuant / 16;          // a block's quants, in 16-byte words
+      // Lane j's block of a pass is j + 32 k past the pass's first b0 (a multiple of 32 blocks, so
+      // of groups): its quant word i at kBlock (b0 + 32 k) + qj + 128 i in the row (the group's
+      // layout: dequant.cuh), its scale likewise at dj. Constant k offsets fold into the loads'
+      // addresses.
+      const int qj = (lane / 8) * kGroup + 16 * (lane % 8), dj = (lane / 8) * kGroup + 8 * kQuant + 2 * (lane % 8);
+      const int nb = static_cast<int>(first.n_in / 32);
+      constexpr int kPass = 32 * KB;  // blocks a pass
+      struct Pass {
+        int4 q[kR][KB][kWords];
+        unsigned short d[kR][KB];
+      };
+      auto load = [&](Pass& ps, int b0) {
+    #pragma unroll
+        for (int k = 0; k < KB; ++k)
+          if (lane + 32 * k < nb - b0)
+    #pragma unroll
+            for (int r = 0; r < kR; ++r) {
+              const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
+    #pragma unroll
+              for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw(reinterpret_cast<const int4*>(at + qj + 128 * i));
+              ps.d[r][k] = ldw(reinterpret_cast<const unsigned short*>(at + dj));
+            }
+      };
+      const int8_t* const xq = x.q8 + 32 * lane;
+      const float* const xd = x.d8 + lane;
+      auto compute = [&](const Pass& ps, int b0) {
+    #pragma unroll
+        for (int k = 0; k < KB; ++k)
+          if (lane + 32 * k < nb - b0)
+    #pragma unroll
+            for (int t = 0; t < NT; ++t) {
+              const int4* xp = reinterpret_cast<const int4*>(xq + t * first.n_in + 32 * (b0 + 32 * k));
+              const int4 lo = xp[0], hi = xp[1];
+              const float dx = xd[t * nb + b0 + 32 * k];
+              [[maybe_unused]] int xs = 0;
+              if constexpr (U == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
+    #pragma unroll
+              for (int r = 0; r < kR; ++r) {
+                // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
+                const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
+                const int4* q = ps.q[r][k];
+                if constexpr (U == kQ4_0X8) {
+                  const int qw[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
+                  acc[r][t] += q4_0_value(qw, dw, lo, hi, xs, dx);
+                } else {
+                  const int qw[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
+                  const int xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                  int sum = 0;
+    #pragma unroll
+                  for (int m = 0; m < 8; ++m) sum = __dp4a(qw[m], xw[m], sum);
+                  acc[r][t] += static_cast<float>(sum) * (dw * dx);
+                }
+              }
+            }
+      };
+      // One pass in flight per warp: its loads, then its arithmetic. Two passes in flight (two
+      // register sets, each reloaded once computed, both loaded before the dependency wait) ran
+      // the 8B token slower: tg128 496.7-507.8 -> 478.2-482.0 (KB 1; H200, one call, alternating).
+      for (int b0 = 0; b0 < nb; b0 += kPass) {
+        Pass ps;
+        load(ps, b0);
+        // Weights are no kernel's output: the first pass's loads may overlap the kernel before
+        // (launch_dependent); x, y and the residual are read and written only after this.
+        if (b0 == 0) grid_dependency_wait();
+        compute(ps, b0);
+      }
     }
+  };
+  if constexpr (T2 != T) {
+    if (seg >= sg.t2_seg) dot(std::integral_constant<int, T2>{});
+    else dot(std::integral_constant<int, T>{});
+  } else {
+    dot(std::integral_constant<int, T>{});
   }
   if constexpr (OneRow) {
     seg_store<NT>(sg, first, NT == 1 && sg.plain, seg, row0, rsel, acc[0]);
@@ -1412,11 +1425,11 @@ void narrow_combine_launch(const MatmulParams& p, const StagedAct& x) {
   else go(matvec_narrow_combine_kernel<T, 16, 2 * kSWarps>);
 }
 
-// Products ps[0, n) of one input (and type) on the stream kernel, or one product at a time
-// on the direct kernel when its rows cannot be staged (staged_ok). Expert mode: products of
-// one routing (same slots and x_div).
-template <int T>
-void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
+// Products ps[0, n) of one input (and type: T, or T's then T2's, two_type_launch) on the stream
+// kernel, or one product at a time on the direct kernel when its rows cannot be staged
+// (staged_ok). Expert mode: products of one routing (same slots and x_div).
+template <int T, int T2>
+void stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   const MatmulParams& p = ps[0];
   if constexpr (T == kQ4_0X8 || T == kQ4_K || T == kQ5_K || T == kQ6_K) {
     if (p.combine_w) {
@@ -1430,7 +1443,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   for (int i = 0; i < n; ++i) staged = staged && staged_ok(ps[i]);
   if constexpr (T == kQ4_0)
     if (staged && p.q4_0_pairs != 0) {
-      matvec_stream_launch<kQ4_0Pairs>(ps, n, x0);
+      stream_launch<kQ4_0Pairs, kQ4_0Pairs>(ps, n, x0);
       return;
     }
   const StreamRope rope = stream_rope(ps, n);  // matmul_can_rope held: staged rows
@@ -1456,6 +1469,8 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   }
   Segs sg{};
   sg.n = n;
+  sg.t2_seg = n;
+  for (int i = n - 1; i > 0 && T2 != T && ps[i].type == T2; --i) sg.t2_seg = i;
   sg.rope = rope;
   sg.routes = ps[0].route != nullptr;
   if (sg.routes) {  // matvec_narrow_kernel routes, where this holds
@@ -1571,13 +1586,14 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
             const int c = reg_rope_cluster_of(s.rope.head_dim);
             const dim3 gr = cluster_grid(groups, kRegRopeWarps, c);
             // 4 blocks a SM (64 registers); Q4_K's neox kernel spilled 24 bytes there, so 3.
-            constexpr int kMinB = T == kQ4_KX8 || T == kQ5_KX8 ? 3 : 4;
-            const auto kernel = matvec_reg_kernel<T, 1, true, RegBlocks<T>, kMinB, false, kRegRopeWarps>;
+            constexpr int kMinB = T == kQ4_KX8 || T == kQ5_KX8 || T2 == kQ4_KX8 ? 3 : 4;
+            const auto kernel = matvec_reg_kernel<T, 1, true, RegBlocks<T>, kMinB, false, kRegRopeWarps, T2>;
             launch_dependent_clustered(static_cast<unsigned>(c), kernel, gr, dim3(kRegRopeWarps * 32), 0, p.stream, s, x);
             return;
           }
         }
-        launch_dependent(matvec_reg_kernel<T, NT, R>, g, b, 0, p.stream, s, x);
+        launch_dependent(matvec_reg_kernel<T, NT, R, RegBlocks<T>, NT == 1 ? 8 : 0, false, kSWarps, T2>, g, b, 0,
+                         p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
@@ -1615,7 +1631,11 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     };
     using One = std::integral_constant<int, 1>;
     using Four = std::integral_constant<int, 4>;
-    if (s.rope.pos) {
+    if constexpr (T2 != T) {  // one token (two_type_launch)
+      FRINK_CUDA_CHECK(!four ? cudaSuccess : cudaErrorInvalidValue);
+      if (s.rope.pos) go(One{}, std::true_type{});
+      else go(One{}, std::false_type{});
+    } else if (s.rope.pos) {
       if (four) go(Four{}, std::true_type{});
       else go(One{}, std::true_type{});
     } else {
@@ -1642,6 +1662,22 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   }
 }
 
+template <int T>
+void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
+  const int t2 = ps[n - 1].type;
+  if constexpr (T == kQ4_KX8 || T == kQ5_KX8) {
+    if (t2 != T) {
+      FRINK_CUDA_CHECK(two_type_launch(T, t2) && ps[0].n_tok == 1 && !ps[0].slot_expert ? cudaSuccess
+                                                                                          : cudaErrorInvalidValue);
+      if (t2 == kQ6_KX8) stream_launch<T, kQ6_KX8>(ps, n, x0);
+      if constexpr (T == kQ5_KX8)
+        if (t2 == kQ4_KX8) stream_launch<T, kQ4_KX8>(ps, n, x0);
+      return;
+    }
+  }
+  FRINK_CUDA_CHECK(t2 == T ? cudaSuccess : cudaErrorInvalidValue);
+  stream_launch<T, T>(ps, n, x0);
+}
 
 #define FRINK_INST(T) template void matvec_launch<T>(const MatmulParams&, const Args&);
 FRINK_FOR_EACH_DEVICE_TYPE(FRINK_INST)

@@ -280,6 +280,57 @@ TEST(CudaKernels, GroupedProductsEqualSeparateOnes) {
   cublasDestroy(blas);
 }
 
+// K-quant tiles of two types in one one-token launch (two_type_launch: Q4_K or Q5_K products
+// then Q6_K ones, Q5_K then Q4_K, as the device keeps them) give bit for bit what one launch a
+// product gives: each row's dot is its type's, whichever product the launch holds first; odd
+// row counts (the second type starting mid-warp-block), a bias and the residual on the second.
+// Four tokens are not grouped so and must equal too.
+TEST(CudaKernels, TwoTypeLaunchesEqualOneTypeOnes) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  using G = GgmlType;
+  const std::vector<std::vector<G>> groups = {{G::Q4_K, G::Q4_K, G::Q6_K}, {G::Q5_K, G::Q6_K},
+                                              {G::Q5_K, G::Q4_K, G::Q4_K}, {G::Q5_K, G::Q5_K, G::Q6_K},
+                                              {G::Q4_K, G::Q6_K, G::Q6_K}};
+  for (const int64_t n_in : {2048, 4096})
+    for (const int64_t n_tok : {1, 4})
+      for (const auto& types : groups) {
+        const auto x = random_floats(rng, n_in * n_tok);
+        Dev<float> dx(x), dact(x.size());
+        std::vector<std::unique_ptr<Dev<uint8_t>>> ws;
+        std::vector<std::unique_ptr<Dev<float>>> ys_group, ys_alone, extra;
+        std::vector<cuda::MatmulParams> ps;
+        for (size_t i = 0; i < types.size(); ++i) {
+          const int64_t n_out = 37 + 10 * static_cast<int64_t>(i);
+          const auto wb = random_weights(rng, types[i], n_in, n_out).bytes;
+          ws.push_back(std::make_unique<Dev<uint8_t>>(wb));
+          const int type = to_x8(types[i], ws.back()->p, wb.size(), n_in);
+          const auto y0 = random_floats(rng, n_out * n_tok);  // the residual, added in place
+          ys_group.push_back(std::make_unique<Dev<float>>(y0));
+          ys_alone.push_back(std::make_unique<Dev<float>>(y0));
+          cuda::MatmulParams p = mat_params(types[i], ws.back()->p, n_in, n_out, dx.p, n_tok, ys_group.back()->p);
+          p.type = type;
+          p.act_round = dact.p;
+          if (i + 1 == types.size()) {
+            extra.push_back(std::make_unique<Dev<float>>(random_floats(rng, n_out)));
+            p.bias = extra.back()->p;
+            p.residual = p.y;
+          }
+          ps.push_back(p);
+        }
+        cuda::launch_matmuls(ps.data(), static_cast<int>(ps.size()));
+        for (size_t i = 0; i < ps.size(); ++i) {
+          cuda::MatmulParams p = ps[i];
+          p.y = ys_alone[i]->p;
+          if (p.residual) p.residual = p.y;
+          cuda::launch_matmul(p);
+        }
+        for (size_t i = 0; i < ps.size(); ++i)
+          EXPECT_EQ(ys_group[i]->get(), ys_alone[i]->get())
+              << ggml_type_name(types[i]) << " product " << i << " n_in " << n_in << " n_tok " << n_tok;
+      }
+}
+
 // Rows [rows][n] of x normed into y (eps 1e-5).
 cuda::NormParams norm_params(const float* x, float* y, int64_t n, int64_t rows, const float* w, const float* b,
                              bool layer) {

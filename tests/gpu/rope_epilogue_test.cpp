@@ -167,7 +167,8 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
 // qwen3-8b's and 2560 (whole-warp rows, the second with idle lanes), 768 and 1024 wide (8-lane
 // rows: clusters of 4 and 2), a 256-wide head (two float4 a lane in the norm's sums), a v
 // narrower than q's heads, and neox without QK-norm. Q8_0, Q4_K, Q5_K and Q6_K as the device
-// keeps them, BF16 rows and 8192-wide Q4_0 take the row-pair register kernel (8 warps a block).
+// keeps them, BF16 rows and 8192-wide Q4_0 take the row-pair register kernel (8 warps a block),
+// Q4_K and Q5_K q/k with a Q6_K v in one launch of two types (two_type_launch).
 TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(83);
@@ -195,18 +196,24 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
                                 {GgmlType::Q6_K, {4096, 4, 2, 128, 128}, 96, true, 8},
                                 {GgmlType::BF16, {2048, 8, 2, 128, 128}, 128, true, 17},
                                 {GgmlType::BF16, {1024, 4, 2, 64, 64}, 64, false, 6}};
-  for (const C& c : cases) {
+  // (c, v's type): each case with v of c.t, then two of another type.
+  std::vector<std::pair<C, GgmlType>> all;
+  for (const C& c : cases) all.emplace_back(c, c.t);
+  all.emplace_back(C{GgmlType::Q4_K, {4096, 8, 2, 128, 128}, 128, true, 21}, GgmlType::Q6_K);
+  all.emplace_back(C{GgmlType::Q5_K, {2048, 4, 2, 128, 128}, 128, false, 3}, GgmlType::Q6_K);
+  for (const auto& [c, tv] : all) {
     const Shape& s = c.s;
     const int64_t q_w = s.n_head * s.head_dim, k_w = s.n_head_kv * s.head_dim, v_w = s.n_head_kv * c.v_dim;
     const int64_t cap = c.pos + 4;
     const auto bq = random_weight_row(rng, c.t, s.n_in * q_w), bk = random_weight_row(rng, c.t, s.n_in * k_w),
-               bv = random_weight_row(rng, c.t, s.n_in * v_w);
+               bv = random_weight_row(rng, tv, s.n_in * v_w);
     Dev<uint8_t> wq(bq), wk(bk), wv(bv);
     const bool x8 = c.t != GgmlType::BF16;
     const int type = x8 ? to_x8(c.t, wq.p, bq.size(), s.n_in) : static_cast<int>(c.t);
+    int type_v = type;
     if (x8) {
       to_x8(c.t, wk.p, bk.size(), s.n_in);
-      to_x8(c.t, wv.p, bv.size(), s.n_in);
+      type_v = to_x8(tv, wv.p, bv.size(), s.n_in);
     }
     Dev<float> dqw(random_floats(rng, s.head_dim)), dkw(random_floats(rng, s.head_dim));
     Dev<int32_t> dpos(std::vector<int32_t>{c.pos});
@@ -217,8 +224,9 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
           dv(static_cast<size_t>(v_w)), dmk(mk0), dmv(mv0), dsk(static_cast<size_t>(k_w)), dsv(static_cast<size_t>(v_w));
       cuda::MatmulParams ps[3] = {product(c.t, wq.p, s, q_w, dx.p, 1, dq.p, act.p),
                                   product(c.t, wk.p, s, k_w, dx.p, 1, dk.p, act.p),
-                                  product(c.t, wv.p, s, v_w, dx.p, 1, dv.p, act.p)};
+                                  product(tv, wv.p, s, v_w, dx.p, 1, dv.p, act.p)};
       for (cuda::MatmulParams& p : ps) p.type = type;
+      ps[2].type = type_v;
       cuda::RopeLaunch r = rope_launch(dq.p, dk.p, 1, s.n_head, s.n_head_kv, s.head_dim, s.n_rot, dpos.p);
       r.neox = true;
       r.freq_base = 1000000.0f;
@@ -244,7 +252,7 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
       return std::vector<std::vector<float>>{dq.get(), dk.get(), dv.get(), dmk.get(), dmv.get(), dsk.get(), dsv.get()};
     };
     const auto sep = run(1), fused = run(2), plain = run(0);
-    const std::string where = std::string(ggml_type_name(c.t)) + " n_in " + std::to_string(s.n_in) + " head_dim " +
+    const std::string where = std::string(ggml_type_name(c.t)) + " v " + std::string(ggml_type_name(tv)) + " n_in " + std::to_string(s.n_in) + " head_dim " +
                               std::to_string(s.head_dim) + " v_dim " + std::to_string(c.v_dim) + " qk_norm " +
                               std::to_string(c.qk_norm);
     const char* names[] = {"q", "k", "v", "mirror k", "mirror v", "staged k", "staged v"};
