@@ -763,34 +763,34 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
         uint4 hd[KB][kSRows];
         int4 qv[KB][kSRows][2];
         uint2 fifth[KB][kSRows];
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < KB; ++u)
           if (t0 + u < n_tiles)
-  #pragma unroll
+#pragma unroll
             for (int r = 0; r < kSRows; ++r) {
               const uint8_t* at = rows[r] + int64_t{t0 + u} * kTile;
               hd[u][r] = ldw(reinterpret_cast<const uint4*>(at) + sb);
               if constexpr (kFifth) fifth[u][r] = ldw(reinterpret_cast<const uint2*>(at + 128) + lane);
-  #pragma unroll
+#pragma unroll
               for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw(reinterpret_cast<const int4*>(at + kQs + 512 * h) + lane);
             }
         // Weights are no kernel's output: the first tile's loads may overlap the kernel before
         // (launch_dependent); x, y and the residual are read and written only after this.
         if (t0 == 0) grid_dependency_wait();
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < KB; ++u) {
           if (t0 + u >= n_tiles) break;
           const int ib = 8 * (t0 + u) + sb;
-  #pragma unroll
+#pragma unroll
           for (int t = 0; t < NT; ++t) {
             const float dx = x.q8k.d[t * n_sb + ib];
             const int32_t* xs = x.q8k.sum + t * (first.n_in / 32) + ib * 8 + 2 * gq;  // 4-byte aligned only
             int s_lo[kSRows] = {}, s_hi[kSRows] = {};
-  #pragma unroll
+#pragma unroll
             for (int h = 0; h < 2; ++h) {  // elements [16 h, 16 h + 16) of both sub-blocks
               const int8_t* xq = x.q8k.q + t * first.n_in + ib * 256 + 64 * gq + 16 * h;
               const int4 xlo = *reinterpret_cast<const int4*>(xq), xhi = *reinterpret_cast<const int4*>(xq + 32);
-  #pragma unroll
+#pragma unroll
               for (int r = 0; r < kSRows; ++r) {
                 if constexpr (kFifth) {
                   // Word q's byte b of lb / hb: bit 2 q (low nibbles) / 2 q + 1 of byte b of the half's word, at bit 4.
@@ -805,7 +805,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
                 }
               }
             }
-  #pragma unroll
+#pragma unroll
             for (int r = 0; r < kSRows; ++r) acc[r][t] += q4k_group_value(hd[u][r], gq, s_lo[r], s_hi[r], dx, xs[0], xs[1]);
           }
         }
@@ -822,10 +822,10 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
       for (int p0 = 0; p0 < n_pass; p0 += KB) {
         uint32_t ql0[KB][kSRows][2], ql1[KB][kSRows][2], qh[KB][kSRows][2], sc[KB][kSRows][2];
         unsigned short dr[KB][kSRows];
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < KB; ++u)
           if (p0 + u < n_pass)
-  #pragma unroll
+#pragma unroll
             for (int r = 0; r < kSRows; ++r) {
               const int pi = p0 + u, s = 4 * (pi % 2) + lane / 8;  // the super-block within its tile
               const uint8_t* at = rows[r] + int64_t{pi / 2} * kTile;
@@ -840,23 +840,23 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
         // Weights are no kernel's output: the first pass's loads may overlap the kernel before
         // (launch_dependent); x, y and the residual are read and written only after this.
         if (p0 == 0) grid_dependency_wait();
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < KB; ++u) {
           if (p0 + u >= n_pass) break;
           const int ib = 4 * (p0 + u) + lane / 8;
-  #pragma unroll
+#pragma unroll
           for (int t = 0; t < NT; ++t) {
             int sumi[kSRows] = {};
-  #pragma unroll
+#pragma unroll
             for (int j = 0; j < 4; ++j) {
               const int2 xv = *reinterpret_cast<const int2*>(x.q8k.q + t * first.n_in + ib * 256 + 128 * h + 32 * j + l8);
               const int xs32 = q6k_offset(xv);
-  #pragma unroll
+#pragma unroll
               for (int r = 0; r < kSRows; ++r)
                 sumi[r] += q6k_scale(sc[u][r], l8 / 16 + 2 * j) * q6k_quarter_dot(ql0[u][r], ql1[u][r], qh[u][r], j, xv, xs32);
             }
             const float dx = x.q8k.d[t * n_sb + ib];
-  #pragma unroll
+#pragma unroll
             for (int r = 0; r < kSRows; ++r)
               acc[r][t] += (dx * __half2float(__ushort_as_half(dr[u][r]))) * static_cast<float>(sumi[r]);
           }
@@ -873,22 +873,22 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
       const int n_g = static_cast<int>(first.n_in / 8);
       for (int g0 = 0; g0 < n_g; g0 += 32 * KB) {
         uint4 wv[kR][KB];
-  #pragma unroll
+#pragma unroll
         for (int k = 0; k < KB; ++k)
           if (lane + 32 * k < n_g - g0)
-  #pragma unroll
+#pragma unroll
             for (int r = 0; r < kR; ++r) wv[r][k] = ldw(reinterpret_cast<const uint4*>(rows[r]) + g0 + 32 * k + lane);
         // Weights are no kernel's output: the first pass's loads may overlap the kernel before
         // (launch_dependent); x, y and the residual are read and written only after this.
         if (g0 == 0) grid_dependency_wait();
-  #pragma unroll
+#pragma unroll
         for (int k = 0; k < KB; ++k)
           if (lane + 32 * k < n_g - g0)
-  #pragma unroll
+#pragma unroll
             for (int t = 0; t < NT; ++t) {
               const float4* xp = reinterpret_cast<const float4*>(x.x + t * first.x_stride) + 2 * (g0 + 32 * k + lane);
               const float4 x0 = xp[0], x1 = xp[1];
-  #pragma unroll
+#pragma unroll
               for (int r = 0; r < kR; ++r) {
                 float e[8];
                 plain8_of<U>(wv[r][k], e);
@@ -913,13 +913,13 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
         unsigned short d[kR][KB];
       };
       auto load = [&](Pass& ps, int b0) {
-    #pragma unroll
+  #pragma unroll
         for (int k = 0; k < KB; ++k)
           if (lane + 32 * k < nb - b0)
-    #pragma unroll
+  #pragma unroll
             for (int r = 0; r < kR; ++r) {
               const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
-    #pragma unroll
+  #pragma unroll
               for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw(reinterpret_cast<const int4*>(at + qj + 128 * i));
               ps.d[r][k] = ldw(reinterpret_cast<const unsigned short*>(at + dj));
             }
@@ -927,17 +927,17 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
       const int8_t* const xq = x.q8 + 32 * lane;
       const float* const xd = x.d8 + lane;
       auto compute = [&](const Pass& ps, int b0) {
-    #pragma unroll
+  #pragma unroll
         for (int k = 0; k < KB; ++k)
           if (lane + 32 * k < nb - b0)
-    #pragma unroll
+  #pragma unroll
             for (int t = 0; t < NT; ++t) {
               const int4* xp = reinterpret_cast<const int4*>(xq + t * first.n_in + 32 * (b0 + 32 * k));
               const int4 lo = xp[0], hi = xp[1];
               const float dx = xd[t * nb + b0 + 32 * k];
               [[maybe_unused]] int xs = 0;
               if constexpr (U == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
-    #pragma unroll
+  #pragma unroll
               for (int r = 0; r < kR; ++r) {
                 // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
                 const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
@@ -949,7 +949,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
                   const int qw[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
                   const int xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
                   int sum = 0;
-    #pragma unroll
+  #pragma unroll
                   for (int m = 0; m < 8; ++m) sum = __dp4a(qw[m], xw[m], sum);
                   acc[r][t] += static_cast<float>(sum) * (dw * dx);
                 }
