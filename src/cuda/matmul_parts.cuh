@@ -92,9 +92,10 @@ enum ActRound { kActNone, kActQ8Blocks, kActQ8K, kActF16, kActBF16, kActDp4a, kA
 // kActDp4aK 256 (the widths those launches need a multiple of).
 constexpr int64_t act_block_elems(ActRound kind) { return kind == kActQ8Blocks || kind == kActDp4a ? 32 : 256; }
 
-// Two types one one-token launch of matvec_reg_kernel takes (launch_matmuls groups them, t's
-// products first): K-quant tiles, one Q8_K x, as Q4_K_M / Q5_K_M files mix them within a layer
-// (a Q6_K v after Q4_K or Q5_K q/k; qwen3-next's Q5_K qkv before its Q4_K z and gates).
+// Whether one one-token launch of matvec_reg_kernel takes products of types t and t2
+// (launch_matmuls groups them, t's products first): K-quant tiles, one Q8_K x, as Q4_K_M /
+// Q5_K_M files mix them within a layer (a Q6_K v after Q4_K or Q5_K q/k; qwen3-next's Q5_K qkv
+// before its Q4_K z and gates).
 __host__ __device__ constexpr bool two_type_launch(int t, int t2) {
   return ((t == kQ4_KX8 || t == kQ5_KX8) && t2 == kQ6_KX8) || (t == kQ5_KX8 && t2 == kQ4_KX8);
 }
