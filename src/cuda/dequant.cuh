@@ -83,13 +83,13 @@ template <> struct BlockGeom<kQ8_0X8> { static constexpr int kElems = 256, kByte
 // A tile of 8 Q4_K super-blocks: their 16-byte headers (d, dmin, 12 scale bytes), then the
 // quants in two halves: half h holds, for super-block s and group g (qs bytes [32 g, 32 g + 32)),
 // bytes [32 g + 16 h, + 16) at 128 + 512 h + 64 s + 16 g.
-template <> struct BlockGeom<kQ4_KX8> { static constexpr int kElems = 2048, kBytes = 1152; };
+template <> struct BlockGeom<kQ4_KX8> { static constexpr int kElems = 2048, kBytes = 1152, kQs = 128; };
 // A tile of 8 Q5_K super-blocks: Q4_KX8's headers (at 16 s) and nibbles (at 384 + 512 h + 64 s +
 // 16 g), between them each group's fifth bits as the decode lane of (s, g) uses them, 8 bytes at
 // 128 + 32 s + 8 g: word h's byte b, bit 2 q + lh, is the fifth bit of element 16 h + 4 q + b of
 // sub-block 2 g + lh (qh[16 h + 4 q + b] bit 2 g + lh), so the bits a dp4a word of nibbles takes
 // are one shift and mask of the word away.
-template <> struct BlockGeom<kQ5_KX8> { static constexpr int kElems = 2048, kBytes = 1408; };
+template <> struct BlockGeom<kQ5_KX8> { static constexpr int kElems = 2048, kBytes = 1408, kFifth = 128, kQs = 384; };
 // A tile of 8 Q6_K super-blocks, in the runs the decode kernel's lanes read (lane part k = 4 h +
 // l8 / 8 of super-block s: half h, elements l8 .. l8 + 7 of each quarter): ql bytes [64 h + l8,
 // + 8) at 64 s + 8 k, ql bytes [64 h + 32 + l8, + 8) at 512 + 64 s + 8 k, qh bytes [32 h + l8,
@@ -125,7 +125,7 @@ __device__ __forceinline__ void dequant8_x8(const uint8_t* row, int64_t u, float
   } else if constexpr (T == kQ4_KX8 || T == kQ5_KX8) {
     // Sub-block j % 8 of super-block j / 8: group g = j % 8 / 2, low (even) or high nibbles;
     // its element l at kQs + 512 (l / 16) + 64 sb + 16 g + l % 16 (Q5_K's fifth bit: BlockGeom).
-    constexpr int kQs = T == kQ5_KX8 ? 384 : 128;
+    constexpr int kQs = G::kQs;
     const int sb = j / 8, jj = j % 8, g = jj / 2, sh = (jj % 2) * 4;
     const uint8_t* hd = b + 16 * sb;
     const float d = h2f(hd), dmin = h2f(hd + 2);
@@ -134,7 +134,8 @@ __device__ __forceinline__ void dequant8_x8(const uint8_t* row, int64_t u, float
     const float d1 = d * sc, m1 = dmin * mn;
     const uint8_t* q = b + kQs + 512 * (c / 2) + 64 * sb + 16 * g + 8 * (c % 2);
     // Elements 16 h + 8 (c % 2) + k: word h = c / 2 of the group's bits, bit 2 q + lh of byte k % 4, q = 2 (c % 2) + k / 4.
-    const uint32_t fifth = T == kQ5_KX8 ? *reinterpret_cast<const uint32_t*>(b + 128 + 32 * sb + 8 * g + 4 * (c / 2)) : 0u;
+    uint32_t fifth = 0;
+    if constexpr (T == kQ5_KX8) fifth = *reinterpret_cast<const uint32_t*>(b + G::kFifth + 32 * sb + 8 * g + 4 * (c / 2));
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       int v = (bytes8(q, k) >> sh) & 0xF;

@@ -265,7 +265,7 @@ bool matmul_can_rope(const MatmulParams* ps, int n, const RopeLaunch& r) {
     const RopeRole role = rope_role(r, p);
     const int64_t start = pairs;
     pairs += (p.n_out + 1) / 2;
-    // Neox: every product on the narrow rope kernel, and q and k on clusters of whole heads.
+    // Neox: every product on a kernel with the neox store, and q and k on clusters of whole heads.
     if (r.neox && (!matmul_ropes_neox(p, r) || (role != RopeRole::kV && start % (r.head_dim / 2) != 0))) return false;
     if (role == RopeRole::kNone) continue;
     const int64_t width = role == RopeRole::kQ ? r.n_head * r.head_dim
@@ -355,7 +355,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
       while (run < kMaxSegs && i + run < n && same_slots(ps[i + run]) && act_prep_for(ps[i + run]) == kind &&
              streams(ps[i + run], kind) && takes_matvec(ps[i + run]) == takes_matvec(p)) {
         const int tq = ps[i + run].type;
-        if (tq != t && !(t == p.type && two_type_launch(p.type, tq) && p.n_tok == 1 && !p.slot_expert)) break;
+        if (tq != t && !(t == p.type && joins_two_type_launch(p, tq))) break;
         t = tq;
         ++run;
       }

@@ -99,6 +99,10 @@ constexpr int64_t act_block_elems(ActRound kind) { return kind == kActQ8Blocks |
 __host__ __device__ constexpr bool two_type_launch(int t, int t2) {
   return ((t == kQ4_KX8 || t == kQ5_KX8) && t2 == kQ6_KX8) || (t == kQ5_KX8 && t2 == kQ4_KX8);
 }
+// Whether products of type t2 may share p's launch that way (one token, no experts).
+inline bool joins_two_type_launch(const MatmulParams& p, int t2) {
+  return two_type_launch(p.type, t2) && p.n_tok == 1 && !p.slot_expert;
+}
 
 // The types whose matrix-vector kernels read x quantized for dp4a (matvec.cu's stream and
 // register kernels): as int8 Q8_0 blocks (kActDp4a), or as Q8_K blocks (kActDp4aK); kActNone otherwise.

@@ -757,7 +757,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
       const int sb = lane / 4, gq = lane % 4;
       const int n_tiles = static_cast<int>(first.n_in / 2048), n_sb = static_cast<int>(first.n_in / 256);
       constexpr bool kFifth = U == kQ5_KX8;
-      constexpr int kQs = kFifth ? 384 : 128;
+      constexpr int kQs = BlockGeom<U>::kQs;
       const int4 zero = make_int4(0, 0, 0, 0);
       for (int t0 = 0; t0 < n_tiles; t0 += KB) {
         uint4 hd[KB][kSRows];
@@ -770,7 +770,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
             for (int r = 0; r < kSRows; ++r) {
               const uint8_t* at = rows[r] + int64_t{t0 + u} * kTile;
               hd[u][r] = ldw(reinterpret_cast<const uint4*>(at) + sb);
-              if constexpr (kFifth) fifth[u][r] = ldw(reinterpret_cast<const uint2*>(at + 128) + lane);
+              if constexpr (kFifth) fifth[u][r] = ldw(reinterpret_cast<const uint2*>(at + BlockGeom<U>::kFifth) + lane);
 #pragma unroll
               for (int h = 0; h < 2; ++h) qv[u][r][h] = ldw(reinterpret_cast<const int4*>(at + kQs + 512 * h) + lane);
             }
@@ -1667,8 +1667,7 @@ void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   const int t2 = ps[n - 1].type;
   if constexpr (T == kQ4_KX8 || T == kQ5_KX8) {
     if (t2 != T) {
-      FRINK_CUDA_CHECK(two_type_launch(T, t2) && ps[0].n_tok == 1 && !ps[0].slot_expert ? cudaSuccess
-                                                                                          : cudaErrorInvalidValue);
+      FRINK_CUDA_CHECK(joins_two_type_launch(ps[0], t2) ? cudaSuccess : cudaErrorInvalidValue);
       if (t2 == kQ6_KX8) stream_launch<T, kQ6_KX8>(ps, n, x0);
       if constexpr (T == kQ5_KX8)
         if (t2 == kQ4_KX8) stream_launch<T, kQ4_KX8>(ps, n, x0);
