@@ -90,6 +90,10 @@ template <> struct BlockGeom<kQ4_KX8> { static constexpr int kElems = 2048, kByt
 // sub-block 2 g + lh (qh[16 h + 4 q + b] bit 2 g + lh), so the bits a dp4a word of nibbles takes
 // are one shift and mask of the word away.
 template <> struct BlockGeom<kQ5_KX8> { static constexpr int kElems = 2048, kBytes = 1408, kFifth = 128, kQs = 384; };
+// Where that word keeps the fifth bit of element 16 h + 4 q + b of sub-block 2 g + lh: the one
+// definition of the order for the repack (x8_layout.cu) and dequant8_x8 (the register kernel's
+// at4 takes a dp4a word's four bits at once from the same order).
+__host__ __device__ constexpr int q5k_x8_fifth_bit(int q, int b, int lh) { return 8 * b + 2 * q + lh; }
 // A tile of 8 Q6_K super-blocks, in the runs the decode kernel's lanes read (lane part k = 4 h +
 // l8 / 8 of super-block s: half h, elements l8 .. l8 + 7 of each quarter): ql bytes [64 h + l8,
 // + 8) at 64 s + 8 k, ql bytes [64 h + 32 + l8, + 8) at 512 + 64 s + 8 k, qh bytes [32 h + l8,
@@ -139,7 +143,7 @@ __device__ __forceinline__ void dequant8_x8(const uint8_t* row, int64_t u, float
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       int v = (bytes8(q, k) >> sh) & 0xF;
-      if constexpr (T == kQ5_KX8) v += (fifth >> (8 * (k % 4) + 2 * (2 * (c % 2) + k / 4) + jj % 2)) & 1 ? 16 : 0;
+      if constexpr (T == kQ5_KX8) v += (fifth >> q5k_x8_fifth_bit(2 * (c % 2) + k / 4, k % 4, jj % 2)) & 1 ? 16 : 0;
       out[k] = __fsub_rn(__fmul_rn(d1, v), m1);
     }
   } else if constexpr (T == kQ6_KX8) {

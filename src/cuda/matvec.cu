@@ -703,7 +703,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
     const int64_t xr = select_slot(first);
     if constexpr (Staged<T>::kPlain) {
       x.x += xr * first.x_stride;
-    } else if constexpr (T == kQ4_KX8 || T == kQ5_KX8 || T == kQ6_KX8) {
+    } else if constexpr (dp4a_act_for(T) == kActDp4aK) {
       x.q8k = x.q8k.at_row(xr, first.n_in);
     } else {
       x.q8 += xr * first.n_in;
@@ -1349,7 +1349,7 @@ StreamRope stream_rope(const MatmulParams* ps, int n) {
 template <int T>
 StagedAct act_at(StagedAct x, int64_t t0, int64_t n_in) {
   if constexpr (Staged<T>::kPlain) return x;  // f32 rows: follow Args::x (args_at)
-  else if constexpr (T == kQ4_K || T == kQ4_KX8 || T == kQ5_K || T == kQ5_KX8 || T == kQ6_K || T == kQ6_KX8)
+  else if constexpr (dp4a_act_for(T) == kActDp4aK)  // Q8_K rows
     x.q8k = x.q8k.at_row(t0, n_in);
   else {
     x.q8 += t0 * n_in;

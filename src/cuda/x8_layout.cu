@@ -84,7 +84,7 @@ __global__ void repack_q5_k_x8_kernel(uint8_t* w) {
         for (int q = 0; q < 4; ++q)
           for (int b = 0; b < 4; ++b)
             for (int lh = 0; lh < 2; ++lh)
-              bits[2 * gi + h] |= ((qh[16 * h + 4 * q + b] >> (2 * g + lh)) & 1u) << (8 * b + 2 * q + lh);
+              bits[2 * gi + h] |= ((qh[16 * h + 4 * q + b] >> (2 * g + lh)) & 1u) << q5k_x8_fifth_bit(q, b, lh);
     }
     v = make_uint4(bits[0], bits[1], bits[2], bits[3]);
   } else {
