@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <bit>
 #include <cmath>
 #include <span>
@@ -480,6 +481,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   const auto fl = [n_tok](int64_t w) { return static_cast<size_t>(n_tok * w) * sizeof(float); };
   x_.ensure(fl(hp.n_embd));
   h_.ensure(fl(hp.n_embd));
+  fold_.ensure(norm_fold_bytes(hp.n_embd));
+  fold_for_layer_ = -1;
   o_.ensure(fl(hp.n_embd));
   f_.ensure(fl(hp.n_embd));
   q_.ensure(fl(q_w));
@@ -722,11 +725,12 @@ MatmulParams CudaBackend::matmul_params(const DeviceLinear& l, const float* x, i
 }
 
 void CudaBackend::matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-                         const float* residual, bool x_prepared, const GluParams* pre_glu) {
+                         const float* residual, bool x_prepared, const GluParams* pre_glu, const NormFold* fold_out) {
   MatmulParams p = matmul_params(l, x, x_stride, y, y_stride);
   p.residual = residual;
   p.x_prepared = x_prepared;
   p.pre_glu = pre_glu;
+  p.fold_out = fold_out;
   launch_matmul(p);
 }
 
@@ -755,7 +759,9 @@ NormParams CudaBackend::norm_params(const DeviceNorm& n, const float* x, float* 
 // The feed-forward block on normed h [n_tok][n_embd] -> out [n_tok][n_embd] (cpu ffn()), plus
 // residual when given (matmul's rule).
 void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
-                      const NormParams* pre_norm) {
+                      const NormParams* pre_norm, const NormFold* h_fold, const NormFold* out_fold) {
+  FRINK_ASSERT(!h_fold || (p.ffn == FfnKind::kGated && !pre_norm), "a folded FFN norm: gated FFN only");
+  FRINK_ASSERT(!out_fold || p.ffn != FfnKind::kMoe, "a fold from the down: dense FFN only");
   if (p.ffn == FfnKind::kMoe) {
     moe_ffn(p, d, h, out, residual, pre_norm);
     return;
@@ -772,6 +778,11 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
     // self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     MatmulParams gu[2] = {matmul_params(d.ffn_gate, h, E, gate_.f(), n_ff), matmul_params(d.ffn_up, h, E, up_.f(), n_ff)};
     gu[0].pre_norm = pre_norm;
+    if (h_fold) {
+      for (MatmulParams& m : gu) m.act_round = reinterpret_cast<float*>(h_fold->q);
+      gu[0].x_prepared = true;
+      gu[0].fold_in = h_fold;
+    }
     launch_matmuls(gu, 2);  // one rounding of h for both (with the norm, when given)
     g.gate = gate_.f();
     g.up = up_.f();
@@ -790,6 +801,7 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
   MatmulParams down = matmul_params(d.ffn_down, hidden_.f(), n_ff, out, E);
   down.residual = residual;
   down.pre_glu = &g;
+  down.fold_out = out_fold;
   launch_matmul(down);
 }
 
@@ -865,6 +877,10 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   const int64_t q_w = p.n_head * p.head_dim_k, k_w = p.n_head_kv * p.head_dim_k, v_w = p.n_head_kv * p.head_dim_v;
   const bool ln = hp.norm == NormKind::kLayer;
   FRINK_ASSERT(max_keys >= pos0_ + n, "attention grid for {} keys, {} needed", max_keys, pos0_ + n);
+  // The previous layer's down wrote this layer's attention norm as a NormFold (attn_takes_fold).
+  const bool folded = fold_for_layer_ == il;
+  fold_for_layer_ = -1;
+  const NormFold attn_fold = norm_fold_at(fold_.p, d.attn_norm.w, E, hp.norm_eps);
 
   // h = self.input_layernorm(x)   (launched with the q/k/v products' activation preparation)
   const NormParams attn_norm = norm_params(d.attn_norm, x_.f(), h_.f(), n, E, E, ln);
@@ -908,6 +924,7 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   bool rope_done = false;  // r ran in the q/k/v products' store
   // q, k, v = q_proj(h), k_proj(h), v_proj(h)   (or one fused projection, split)
   if (d.wqkv) {
+    FRINK_ASSERT(!folded, "layer {}: a folded norm before a fused q/k/v", il);
     launch_norm(attn_norm);
     const int64_t w3 = q_w + k_w + v_w;
     matmul(d.wqkv, h_.f(), E, qkv_.f(), w3);
@@ -924,6 +941,12 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_out, p.attn_out_gate ? 2 * q_w : q_w),
                            matmul_params(d.wk, h_.f(), E, k_.f(), k_w), matmul_params(d.wv, h_.f(), E, v_.f(), v_w)};
     qkv[0].pre_norm = &attn_norm;
+    if (folded) {  // h is attn_fold: no norm launch
+      for (MatmulParams& m : qkv) m.act_round = reinterpret_cast<float*>(attn_fold.q);
+      qkv[0].pre_norm = nullptr;
+      qkv[0].x_prepared = true;
+      qkv[0].fold_in = &attn_fold;
+    }
     // RoPE (with the QK-norm for neox heads) and the append in the products' store where it
     // can (decode: matmul_can_rope): one launch fewer per layer.
     rope_done = roped && !p.attn_out_gate && matmul_can_rope(qkv, 3, r);
@@ -1004,10 +1027,27 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     launch_add(x_.f(), x_.f(), o_.f(), f_.f(), n * E, stream_);
     return;
   }
-  enqueue_residual_ffn(p, d, d.wo, attn_.f(), o_in, o_prepared);
+  enqueue_residual_ffn(il, p, d, d.wo, attn_.f(), o_in, o_prepared);
 }
 
-void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj,
+bool CudaBackend::attn_takes_fold(int64_t il) const {
+  const Hparams& hp = m_.hp;
+  if (n_tok_ != 1 || il >= hp.n_layer || refusal_[static_cast<size_t>(il)] != Refusal::kNone) return false;
+  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  const DeviceLayer& d = w_.layer(il);
+  const bool neox = p.rope.kind == RopeKind::kNeox;  // (enqueue_layer's RopeLaunch::neox)
+  const auto takes = [&](const DeviceLinear& l) { return l && matmul_takes_folded_norm(l.type, l.n_in, neox); };
+  return p.recurrent == RecurrentKind::kNone && hp.norm != NormKind::kLayer && d.attn_norm.w && !d.attn_norm.b &&
+         !d.wqkv && !p.attn_out_gate && takes(d.wq) && takes(d.wk) && takes(d.wv);
+}
+
+bool CudaBackend::ffn_takes_fold(const LayerPlan& p, const DeviceLayer& d) const {
+  const auto takes = [&](const DeviceLinear& l) { return l && matmul_takes_folded_norm(l.type, l.n_in, false); };
+  return n_tok_ == 1 && p.ffn == FfnKind::kGated && !p.post_attn_norm && !p.post_ffn_norm &&
+         m_.hp.norm != NormKind::kLayer && d.ffn_norm.w && !d.ffn_norm.b && takes(d.ffn_gate) && takes(d.ffn_up);
+}
+
+void CudaBackend::enqueue_residual_ffn(int64_t il, const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj,
                                        const float* branch, int64_t branch_w, bool branch_q8,
                                        const GluParams* branch_glu) {
   const int64_t E = m_.hp.n_embd, n = n_tok_;
@@ -1016,15 +1056,23 @@ void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d,
   // matmul_adds_residual: decode batches, and cuBLAS ones without a bias or scale): where a
   // sandwich norm sits between product and add, or the product cannot, the add stays a kernel.
   // Decode's sum is the add kernel's bit for bit (x + o == o + x); cuBLAS's is its epilogue's.
-  const auto adds = [&](const DeviceLinear& l, const float* in, int64_t in_w) {
+  const auto in_place = [&](const DeviceLinear& l, const float* in, int64_t in_w) {
     MatmulParams q = matmul_params(l, in, in_w, x_.f(), E);
     q.residual = x_.f();
-    return matmul_adds_residual(q);
+    return q;
   };
+  const auto adds = [&](const DeviceLinear& l, const float* in, int64_t in_w) {
+    return matmul_adds_residual(in_place(l, in, in_w));
+  };
+  // One token: the FFN norm folded into the projection before it, and the next layer's
+  // attention norm into the down (NormFold), where the products take them.
+  const NormFold ffn_fold = norm_fold_at(fold_.p, d.ffn_norm.w, E, m_.hp.norm_eps);
+  const bool fold_ffn = ffn_takes_fold(p, d) && matmul_folds_norm(in_place(proj, branch, branch_w));
   // x = x + o_proj(attn_output) (+ the sandwich norm before the add)
   if (!p.post_attn_norm && adds(proj, branch, branch_w)) {
-    matmul(proj, branch, branch_w, x_.f(), E, x_.f(), branch_q8, branch_glu);
+    matmul(proj, branch, branch_w, x_.f(), E, x_.f(), branch_q8, branch_glu, fold_ffn ? &ffn_fold : nullptr);
   } else {
+    FRINK_ASSERT(!fold_ffn, "layer {}: a folded FFN norm needs the projection's residual", il);
     matmul(proj, branch, branch_w, o_.f(), E, nullptr, branch_q8, branch_glu);
     if (p.post_attn_norm) norm_rows(d.post_attn_norm, o_.f(), o_.f(), n, E, E, ln);
     launch_add(x_.f(), x_.f(), o_.f(), nullptr, n * E, stream_);
@@ -1034,7 +1082,14 @@ void CudaBackend::enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d,
   // (MoE: the experts' combine adds it, decode batches only.)
   const bool ffn_adds = p.ffn == FfnKind::kMoe ? n <= kMatvecMaxTok : adds(d.ffn_down, hidden_.f(), p.n_ff);
   if (ffn_adds && !p.post_ffn_norm) {
-    ffn(p, d, h_.f(), x_.f(), x_.f(), &ffn_norm);
+    std::optional<NormFold> next;  // layer il + 1's attention norm, in the down's launch
+    if (p.ffn != FfnKind::kMoe && attn_takes_fold(il + 1) &&
+        matmul_folds_norm(in_place(d.ffn_down, hidden_.f(), p.n_ff))) {
+      next = norm_fold_at(fold_.p, w_.layer(il + 1).attn_norm.w, E, m_.hp.norm_eps);
+      fold_for_layer_ = il + 1;
+    }
+    ffn(p, d, h_.f(), x_.f(), x_.f(), fold_ffn ? nullptr : &ffn_norm, fold_ffn ? &ffn_fold : nullptr,
+        next ? &*next : nullptr);
   } else {
     ffn(p, d, h_.f(), f_.f(), nullptr, &ffn_norm);
     if (p.post_ffn_norm) norm_rows(d.post_ffn_norm, f_.f(), f_.f(), n, E, E, ln);
@@ -1065,7 +1120,7 @@ void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
 
 std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k) const {
   std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1)};
-  for (const DevBuf* b : {&act_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
+  for (const DevBuf* b : {&act_, &fold_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
                           &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));

@@ -123,8 +123,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // x = x + proj(branch) (+ sandwich norm), x = x + ffn(ffn_norm(x)): the tail of a layer.
   // branch_q8: act_ already holds branch as proj reads it (Q8_0 blocks: MatmulParams::x_prepared).
   // branch_glu: branch is this GLU's output, computed in proj's launch (MatmulParams::pre_glu).
-  void enqueue_residual_ffn(const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj, const float* branch,
-                            int64_t branch_w, bool branch_q8 = false, const GluParams* branch_glu = nullptr);
+  // il: the layer (its successor's attention norm may fold into the down: attn_takes_fold).
+  void enqueue_residual_ffn(int64_t il, const LayerPlan& p, const DeviceLayer& d, const DeviceLinear& proj,
+                            const float* branch, int64_t branch_w, bool branch_q8 = false,
+                            const GluParams* branch_glu = nullptr);
   // The sequence's recurrent mirror (made on first use; the state is linked to this backend).
   RecurrentMirror& ready_recurrent(RecurrentState& s);
   void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos);
@@ -139,14 +141,22 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual;
   // x_prepared, pre_glu: MatmulParams').
   void matmul(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-              const float* residual = nullptr, bool x_prepared = false, const GluParams* pre_glu = nullptr);
+              const float* residual = nullptr, bool x_prepared = false, const GluParams* pre_glu = nullptr,
+              const NormFold* fold_out = nullptr);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
   NormParams norm_params(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride,
                          bool layer) const;
   // pre_norm: h is that norm's output, launched here (with the gate/up products' activation
   // preparation when it can: MatmulParams::pre_norm).
+  // h_fold (gated FFN, no pre_norm): the gate/up read h as that NormFold; out_fold: the down
+  // writes it (MatmulParams::fold_in / fold_out).
   void ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, float* out, const float* residual,
-           const NormParams* pre_norm = nullptr);
+           const NormParams* pre_norm = nullptr, const NormFold* h_fold = nullptr, const NormFold* out_fold = nullptr);
+  // NormFold (matmul.cuh) of the residual stream, one token: whether layer il's q/k/v read
+  // their attention norm's fold (written by the product before them), and whether a layer's
+  // gate/up read their FFN norm's.
+  bool attn_takes_fold(int64_t il) const;
+  bool ffn_takes_fold(const LayerPlan& p, const DeviceLayer& d) const;
   // out set (one token, no shared expert of its own): the down adds the combine into out (+
   // residual) where it can (MatmulParams::combine_w); true when it did.
   bool moe_slot_experts(const LayerPlan& p, const DeviceLayer& d, MatmulParams* gu, int n_gu, float* out,
@@ -194,6 +204,11 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   size_t snap_used_ = 0;
 
   int64_t n_tok_ = 0, pos0_ = 0;
+  // fold_ holds the residual stream's NormFold (one at a time: the launch right after its
+  // producer reads it, and the next producer runs two launches later); fold_for_layer_: the layer whose attention norm
+  // the last down folded there (-1: none), set by enqueue_residual_ffn, taken by enqueue_layer.
+  DevBuf fold_;
+  int64_t fold_for_layer_ = -1;
   DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
   DevBuf attn_gate_;  // gated attention (attn_out_gate): the gate half of wq's output
   // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the

@@ -155,7 +155,7 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
   }
   // x = x + ssm_out(o); x = x + ffn(rms(x) * ffn_norm), the GLU in ssm_out's producer (with
   // o's dp4a blocks where ssm_out reads them)
-  enqueue_residual_ffn(p, d, d.ssm_out, gdn_o_.f(), V, false, &g);
+  enqueue_residual_ffn(il, p, d, d.ssm_out, gdn_o_.f(), V, false, &g);
 }
 
 void CudaBackend::stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos) {

@@ -78,17 +78,26 @@ bool on_stream_kernel(const MatmulParams& p) {
 // x_ready: the previous product of the group prepared x the same way (kind, path, 16-bit
 // format), so the act_round buffer holds it (on the cuBLAS path: the 16-bit copy of x in the
 // scratch; F16/BF16 there skip act_round).
+// fold: the group's MatmulParams::fold_in (x_ready then holds).
 template <int T>
-void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready) {
+void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready, const NormFold* fold) {
   MatmulParams p = ps[0];
   if constexpr (dp4a_act_for(T) == kActDp4a) {
     if (kind == kActDp4a) {
       const Q8_0Act x = q8_0_act(p);
       if (!x_ready) launch_quantize_q8(p, x.q, x.d);
-      matvec_stream_launch<T>(ps, n, StagedAct{x.q, x.d, {}, nullptr});
+      StagedAct a{x.q, x.d, {}, nullptr};
+      if (fold) {
+        a.rms_parts = fold->parts;
+        a.rms_n_parts = static_cast<int>(fold->n / 32);
+        a.rms_n = static_cast<float>(fold->n);
+        a.rms_eps = fold->eps;
+      }
+      matvec_stream_launch<T>(ps, n, a);
       return;
     }
   }
+  FRINK_CUDA_CHECK(!fold ? cudaSuccess : cudaErrorInvalidValue);  // (launch_matmuls checked it)
   if constexpr (dp4a_act_for(T) == kActDp4aK) {
     if (kind == kActDp4aK) {
       const Q8KAct x = q8k_act(p);
@@ -317,6 +326,15 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                                          (matmul_reads_q8_blocks(ps[0]) || matmul_reads_rounded16(ps[0])))
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
+  // fold_in: x is the fold's Q8_0 blocks, for every product of the group (stream_launch checks
+  // each one's kernel).
+  const NormFold* fold = ps[0].fold_in;
+  if (fold)
+    for (int i = 0; i < n; ++i)
+      FRINK_CUDA_CHECK(ps[0].x_prepared && ps[i].act_round == reinterpret_cast<const float*>(fold->q) &&
+                               fold->n == ps[i].n_in && act_prep_for(ps[i]) == kActDp4a && (i == 0 || !ps[i].fold_in)
+                           ? cudaSuccess
+                           : cudaErrorInvalidValue);
   const bool first_ready =
       ps[0].x_prepared || ((ps[0].pre_norm || ps[0].pre_glu) && launch_matmul_producer(ps[0]));
   for (int i = 0; i < n; ++i) {
@@ -361,7 +379,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
       }
 #define FRINK_CASE(T)                      \
   if (p.type == T) {                       \
-    dispatch<T>(ps + i, run, kind, x_ready); \
+    dispatch<T>(ps + i, run, kind, x_ready, fold); \
     i += run - 1;                          \
     continue;                              \
   }

@@ -22,6 +22,35 @@ struct RopeLaunch;  // rope.cuh
 
 inline constexpr int64_t kMatvecMaxTok = 8;
 
+// An RMS norm folded into the products around it (one decode token; no norm launch between
+// them). 1/rms is one scalar of the row, so W (w * x / rms) = (W (w * x)) / rms: the product
+// that writes x (fold_out; y = residual + W h) also stores the Q8_0 blocks of w * x (no 1/rms;
+// each block's scale unrounded) and each 32-row block's sum of x^2; the products that read the
+// norm's output (fold_in, with x_prepared) sum the parts to 1/rms and dot those quants with each
+// block's scale times 1/rms rounded to f16: the host's blocks of the normed row, up to the
+// rounding of 1/rms and of the products before the scale-free rule (a rare quant or f16 step).
+// Why: the norm launch costs 2.6-3.0 us on an 8B layer's chain (H200, marginal in the token
+// graph), for a 1-block kernel of a 16 KB row.
+struct NormFold {
+  const float* w = nullptr;  // the norm's weights [n]
+  int8_t* q = nullptr;       // q8_0_act's layout at q: quants [n], then f32 scales [n / 32] (unrounded)
+  float* parts = nullptr;    // [n / 32] sums of x^2, one per 32-row block
+  int64_t n = 0;
+  float eps = 0.0f;
+  float* d() const { return reinterpret_cast<float*>(q + n); }
+};
+// Bytes of a NormFold's buffer for rows of n (q, d, then parts).
+inline size_t norm_fold_bytes(int64_t n) { return static_cast<size_t>(n) + 2 * sizeof(float) * static_cast<size_t>(n / 32); }
+inline NormFold norm_fold_at(void* buf, const float* w, int64_t n, float eps) {
+  NormFold f;
+  f.w = w;
+  f.q = static_cast<int8_t*>(buf);
+  f.n = n;
+  f.parts = f.d() + n / 32;  // (d() reads n)
+  f.eps = eps;
+  return f;
+}
+
 struct MatmulParams {
   int type = 0;                 // ggml type id of W
   const void* w = nullptr;      // [n_out] rows of row_bytes
@@ -118,6 +147,11 @@ struct MatmulParams {
   // with pre_norm / pre_glu, the launch fails (cudaErrorInvalidValue): the caller asked that
   // predicate, so a mismatch is a bug.
   bool x_prepared = false;
+  // NormFold (above). fold_out: this product (matmul_folds_norm) writes the fold of its y for
+  // the next products. fold_in: launch_matmuls only, first product, with x_prepared and
+  // act_round == fold_in->q: the group reads that fold (each product matmul_takes_folded_norm).
+  const NormFold* fold_out = nullptr;
+  const NormFold* fold_in = nullptr;
   cudaStream_t stream = nullptr;
 };
 
@@ -244,5 +278,14 @@ bool matmul_can_rope(const MatmulParams* ps, int n, const RopeLaunch& r);
 // them) or the row-pair register kernel (the x8 layouts, F16 / BF16 rows), with a head's
 // rotation pairs whole blocks of at most 8 (a thread-block cluster), on a device of sm_90 or newer.
 bool matmul_ropes_neox(const MatmulParams& p, const RopeLaunch& r);
+// Whether one-token product p writes a NormFold of its output (MatmulParams::fold_out): Q8_0 /
+// Q4_0 matrices as the device keeps them on the one-row register kernel (Q4_0 wider than the
+// narrow kernel's rows), a launch of its own with the residual added and no bias, scale,
+// experts or RoPE, n_out a multiple of 32.
+bool matmul_folds_norm(const MatmulParams& p);
+// Whether a one-token product of device type `type` and width n_in reads a NormFold
+// (MatmulParams::fold_in): its launch takes matvec_reg_kernel, as for Q8_0 always, and for Q4_0
+// rows wider than the narrow kernel's without neox RoPE in the store (the narrow rope kernel).
+bool matmul_takes_folded_norm(int type, int64_t n_in, bool neox_rope);
 
 }  // namespace frink::cuda

@@ -30,6 +30,7 @@
 #include "cuda/norm_row.cuh"
 #include "cuda/occupancy.h"
 #include "cuda/pdl.cuh"
+#include "cuda/q8_0_rule.cuh"
 #include "cuda/rope_math.cuh"
 #include "cuda/route_token.cuh"
 
@@ -167,6 +168,10 @@ struct Segs {
   StreamRope rope;
   bool routes;         // MatmulParams::route set (copied into `route`): matvec_narrow_kernel's RK
   RouteParams route;
+  // MatmulParams::fold_out (NormFold's fields; fold_q null: none): matvec_reg_kernel's Fold.
+  const float* fold_w;
+  int8_t* fold_q;
+  float *fold_d, *fold_parts;
 };
 
 // The expert of this block's slot (grid row blockIdx.y) in an expert launch (0 otherwise),
@@ -657,6 +662,49 @@ __device__ __forceinline__ V ldw(const V* p) {
   }
 }
 
+// A folded norm's 1/rms (MatmulParams::fold_in, StagedAct::rms_parts), in every lane: the
+// producer's 32-row sums of x^2 added by the warp (a few L2 loads a lane, after the wait).
+// matvec_reg_kernel's Q4_0 / Q8_0 dot scales each block's raw scale by it and rounds that to
+// f16: the scale the host gives the normed row's block, so the quants and scales a product
+// dots are the norm launch's (up to the rounding of 1/rms), not off by an f16 rounding (2^-11).
+__device__ __forceinline__ float fold_rms_scale(const StagedAct& x) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x % 32; i < x.rms_n_parts; i += 32) ss += x.rms_parts[i];
+  return rsqrtf(warp_sum(ss) / x.rms_n + x.rms_eps);
+}
+
+// MatmulParams::fold_out's store (a block's 32 warps are rows 32 blockIdx.x + warp: one Q8_0
+// block): y as seg_store's plain path writes it, then warp 0 quantizes w * y with the host's
+// Q8_0 rule and sums y^2 for the block. v: the warp's lane partials of its row; w: lane j's
+// norm weight of row j (warp 0).
+__device__ __forceinline__ void fold_store(const Segs& sg, const Args& first, int64_t row, float v, float w) {
+  __shared__ float ys[32];
+  const float sum = warp_sum(v) + 0.0f;
+  const int lane = threadIdx.x % 32, wv = threadIdx.x / 32;
+  if (lane == 0) {
+    const float y = first.residual ? sum + first.residual[row] : sum;
+    first.y[row] = y;
+    ys[wv] = y;
+  }
+  __syncthreads();
+  // The block's products are done: the fold's reader may launch and copy its first weights
+  // while the fold is written and the blocks leave (its wait still covers the whole grid).
+  // Measured (H200, 8B tg128 graph ms, 8 layers, one call, two rounds): Q4_0 0.541 / 0.540 ->
+  // 0.538 / 0.537, Q8_0 0.754 / 0.752 -> 0.751 / 0.757; 32 layers Q4_0 1.876 -> 1.857, Q8_0
+  // 2.573 -> 2.559. (Released after the last weight loads instead, as every product was
+  // once, blocks launched early took the running product's SM slots: 4% lost.)
+  grid_dependents_launch();
+  if (wv != 0) return;
+  const float y = ys[lane];
+  const Q8Elem e = q8_0_warp_block(y * w, true);
+  sg.fold_q[int64_t{blockIdx.x} * 32 + lane] = e.q;
+  const float ss = warp_sum(y * y);
+  if (lane == 0) {
+    sg.fold_d[blockIdx.x] = e.d;
+    sg.fold_parts[blockIdx.x] = ss;
+  }
+}
+
 // The types matvec_reg_kernel reads (the stream launch's kReg), at compile time and run time.
 constexpr bool reg_kernel_type(int type) { return is_x8(type) || type == kF16 || type == kBF16; }
 
@@ -689,14 +737,20 @@ template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2
 // (neox_rows, neox_store): its own instantiation, since the branch in the adjacent-pair kernels
 // cost them registers (Q4_K spilled 16 bytes).
 // T2: the type of the launch's products from sg.t2_seg on (two_type_launch), T for all by default.
+// Fold: the product writes MatmulParams::fold_out too (fold_store; one token, OneRow, W 32).
 template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false,
-          int W = kSWarps, int T2 = T>
+          int W = kSWarps, int T2 = T, bool Fold = false>
 __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
   constexpr bool kNeox = Rope && NT == 1 && W == kRegRopeWarps;
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
   static_assert(T2 == T || (NT == 1 && !OneRow && two_type_launch(T, T2)), "a second type: one token, K-quant tiles");
   // OneRow: a warp per row (warps 2 g and 2 g + 1 share row pair g), without RoPE.
   static_assert(!OneRow || (!Rope && (T == kQ4_0X8 || T == kQ8_0X8 || Staged<T>::kPlain)), "one row a warp: plain stores");
+  static_assert(!Fold || (NT == 1 && OneRow && W == 32 && (T == kQ4_0X8 || T == kQ8_0X8)), "a fold: 32 rows a block");
+  // The norm's weight of row (block's 32) lane, for warp 0's fold: no kernel's output, read early.
+  [[maybe_unused]] float fold_w = 0.0f;
+  if constexpr (Fold)
+    if (threadIdx.x < 32) fold_w = sg.fold_w[int64_t{blockIdx.x} * 32 + threadIdx.x];
   Args first = sg.a[0];
   const int64_t slot_e = block_slot_expert<0>(sg, first);  // (as in the stream kernel)
   {
@@ -926,6 +980,9 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
       };
       const int8_t* const xq = x.q8 + 32 * lane;
       const float* const xd = x.d8 + lane;
+      // MatmulParams::fold_in (one token): x's 1/rms, set after the wait (fold_rms_scale).
+      const bool folded = NT == 1 && !Fold && x.rms_parts;  // (a producer reads none: its registers)
+      float fold_s = 1.0f;
       auto compute = [&](const Pass& ps, int b0) {
   #pragma unroll
         for (int k = 0; k < KB; ++k)
@@ -934,7 +991,8 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
             for (int t = 0; t < NT; ++t) {
               const int4* xp = reinterpret_cast<const int4*>(xq + t * first.n_in + 32 * (b0 + 32 * k));
               const int4 lo = xp[0], hi = xp[1];
-              const float dx = xd[t * nb + b0 + 32 * k];
+              float dx = xd[t * nb + b0 + 32 * k];
+              if (folded) dx = __half2float(__float2half_rn(dx * fold_s));
               [[maybe_unused]] int xs = 0;
               if constexpr (U == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
   #pragma unroll
@@ -964,7 +1022,10 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
         load(ps, b0);
         // Weights are no kernel's output: the first pass's loads may overlap the kernel before
         // (launch_dependent); x, y and the residual are read and written only after this.
-        if (b0 == 0) grid_dependency_wait();
+        if (b0 == 0) {
+          grid_dependency_wait();
+          if (folded) fold_s = fold_rms_scale(x);
+        }
         compute(ps, b0);
       }
     }
@@ -975,7 +1036,9 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
   } else {
     dot(std::integral_constant<int, T>{});
   }
-  if constexpr (OneRow) {
+  if constexpr (Fold) {
+    fold_store(sg, first, row0 + rsel, acc[0][0], fold_w);
+  } else if constexpr (OneRow) {
     seg_store<NT>(sg, first, NT == 1 && sg.plain, seg, row0, rsel, acc[0]);
   } else if constexpr (kNeox) {
     __shared__ __align__(16) float vals[kSRows][W];  // neox_store's
@@ -1439,6 +1502,14 @@ void stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
     }
   }
   FRINK_CUDA_CHECK(!p.combine_w ? cudaSuccess : cudaErrorInvalidValue);
+  // A NormFold in or out: only where matvec_reg_kernel takes the launch (the predicates say which).
+  FRINK_CUDA_CHECK(!p.fold_out || (n == 1 && matmul_folds_norm(p)) ? cudaSuccess : cudaErrorInvalidValue);
+  if (x0.rms_parts)
+    for (int i = 0; i < n; ++i)
+      FRINK_CUDA_CHECK(ps[i].n_tok == 1 && !ps[i].slot_expert &&
+                               matmul_takes_folded_norm(ps[i].type, ps[i].n_in, ps[i].rope && ps[i].rope->neox)
+                           ? cudaSuccess
+                           : cudaErrorInvalidValue);
   bool staged = true;
   for (int i = 0; i < n; ++i) staged = staged && staged_ok(ps[i]);
   if constexpr (T == kQ4_0)
@@ -1479,6 +1550,15 @@ void stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   }
   sg.plain = true;
   sg.slots_settled = p.slots_settled;
+  sg.fold_q = nullptr;
+  if (p.fold_out) {
+    const NormFold& f = *p.fold_out;
+    FRINK_CUDA_CHECK(f.n == p.n_out ? cudaSuccess : cudaErrorInvalidValue);
+    sg.fold_w = f.w;
+    sg.fold_q = f.q;
+    sg.fold_d = f.d();
+    sg.fold_parts = f.parts;
+  }
   int64_t groups = 0;
   for (int i = 0; i < n; ++i) {
     sg.plain = sg.plain && !ps[i].bias && ps[i].scale == 1.0f && !ps[i].slot_expert;
@@ -1575,6 +1655,19 @@ void stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
           // Expert slots keep row pairs: a row a warp ran qwen3-30b-a3b Q4_0 at 2.421 / 2.422 ms a
           // token against 2.257 / 2.257 (one call, alternating). So do Q4_K and Q6_K (their
           // branches of the kernel say why).
+          if constexpr (T == kQ4_0X8 || T == kQ8_0X8) {
+            if (s.fold_q) {
+              // matmul_folds_norm: a block of 32 rows a row a warp (one Q8_0 block of the fold, one
+              // block a SM; the same warps a SM as 8 blocks of 4). Measured with the fold's readers
+              // (H200, 8B tg128 graph ms, one call, two rounds; the norm launches before): 8 layers
+              // Q4_0 0.552 / 0.554 -> 0.538 / 0.537, Q8_0 0.769 / 0.765 -> 0.751 / 0.757; 32 layers
+              // Q4_0 1.950 -> 1.857 (tg128 494 -> 520 t/s), Q8_0 2.629 -> 2.559 (371 -> 384).
+              // (KB halved lost: Q8_0 0.776 / 0.775 against 0.759 / 0.756, an earlier call.)
+              const auto kernel = matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 1, true, 32, T, true>;
+              launch_dependent(kernel, dim3(static_cast<unsigned>(p.n_out / 32)), dim3(32 * 32), 0, p.stream, s, x);
+              return;
+            }
+          }
           if (!p.slot_expert) {
             const dim3 gr(static_cast<unsigned>((2 * groups + kSWarps - 1) / kSWarps), g.y);
             launch_dependent(matvec_reg_kernel<T, 1, false, 2 * RegBlocks<T>, 8, true>, gr, b, 0, p.stream, s, x);
@@ -1712,6 +1805,18 @@ bool matmul_ropes_neox(const MatmulParams& p, const RopeLaunch& r) {
   // Thread-block clusters: a device of sm_90 or newer running the kernels' sm_90 code (pdl_compiled).
   return p.n_tok == 1 && r.n_rot == r.head_dim && (narrow || (reg && mm::reg_rope_cluster_of(r.head_dim) > 0)) &&
          pdl_compiled(reinterpret_cast<const void*>(mm::matvec_narrow_rope_kernel<16, mm::kSWarps>));
+}
+
+bool matmul_folds_norm(const MatmulParams& p) {
+  return p.n_tok == 1 && matmul_takes_folded_norm(p.type, p.n_in, false) && p.act_round && p.residual && !p.bias &&
+         p.scale == 1.0f && !p.slot_expert && !p.rope && !p.combine_w && !p.route && p.n_out % 32 == 0 &&
+         mm::staged_ok(p);
+}
+
+bool matmul_takes_folded_norm(int type, int64_t n_in, bool neox_rope) {
+  // The stream launch's choice (stream_launch): Q4_0 rows up to kNarrowMaxIn go to the narrow
+  // kernel without RoPE, and with neox RoPE to the narrow rope kernel up to 4096.
+  return type == kQ8_0X8 || (type == kQ4_0X8 && n_in > mm::kNarrowMaxIn && !neox_rope);
 }
 
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r) {

@@ -25,12 +25,14 @@ struct Q8Elem {
   int8_t q;
   float d;
 };
-__device__ __forceinline__ Q8Elem q8_0_warp_block(float v) {
+// raw_d: the scale as amax / 127 before its f16 rounding (a NormFold's: its readers round it
+// once 1/rms has scaled it, as the host rounds the normed row's).
+__device__ __forceinline__ Q8Elem q8_0_warp_block(float v, bool raw_d = false) {
   float amax = fabsf(v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const Q8Rule r = q8_0_rule(amax);
-  return {static_cast<int8_t>(roundf(v * r.inv)), r.d};
+  return {static_cast<int8_t>(roundf(v * r.inv)), raw_d ? amax / 127 : r.d};
 }
 
 }  // namespace frink::cuda

@@ -31,6 +31,7 @@
 #include "cuda/norm.cuh"
 #include "cuda/occupancy.h"
 #include "cuda/rope.cuh"
+#include "quant/fp16.h"
 #include "quant/quant.h"
 #include "quant/random_blocks.h"
 
@@ -659,6 +660,114 @@ TEST(CudaKernels, PreparedInputEqualsQuantizingIt) {
     EXPECT_FALSE(cuda::matmul_reads_rounded16(p)) << ggml_type_name(t);
     EXPECT_ANY_THROW(cuda::launch_matmul(p)) << ggml_type_name(t);
   }
+}
+
+// A NormFold (MatmulParams::fold_out / fold_in): the producer's y is its plain launch's bit for
+// bit; the fold's quants and scales are the host's Q8_0 of w * y exactly (the scales before
+// their f16 rounding) and its parts the 32-row sums of y^2; the products reading the fold equal
+// the norm then the products within NMSE 1e-10: the same quants and scales but where 1/rms or
+// the products before the scale-free rule round differently (a rare quant or f16 step, ~1e-8 /
+// n_in). An f16 rounding of the scales before 1/rms scales them measured ~1e-7, a part dropped
+// from 1/rms ~6e-5.
+TEST(CudaKernels, NormFoldEqualsNormThenProducts) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(97);
+  const float eps = 1e-5f;
+  struct C {
+    GgmlType t;
+    int64_t n_prod_in, n;  // the producer's width, the residual's (the consumers' width)
+  };
+  for (const C c : {C{GgmlType::Q8_0, 512, 256}, C{GgmlType::Q8_0, 14336, 4096}, C{GgmlType::Q4_0, 2304, 2304},
+                    C{GgmlType::Q4_0, 14336, 4096}}) {
+    const std::string where = std::string(ggml_type_name(c.t)) + " " + std::to_string(c.n_prod_in) + " -> " +
+                              std::to_string(c.n);
+    const RandomWeights wp = random_weights(rng, c.t, c.n_prod_in, c.n);
+    Dev<uint8_t> dwp(wp.bytes);
+    const int tp = to_x8(c.t, dwp.p, wp.bytes.size(), c.n_prod_in);
+    const auto hx = random_floats(rng, c.n_prod_in), res = random_floats(rng, c.n), nw = random_floats(rng, c.n);
+    Dev<float> dhx(hx), dnw(nw), y1(res), y2(res), act(static_cast<size_t>(c.n_prod_in)), h1(static_cast<size_t>(c.n)),
+        act1(static_cast<size_t>(c.n));
+    Dev<uint8_t> fold_buf(std::vector<uint8_t>(cuda::norm_fold_bytes(c.n)));
+    const cuda::NormFold fold = cuda::norm_fold_at(fold_buf.p, dnw.p, c.n, eps);
+    cuda::MatmulParams pp = mat_params(c.t, dwp.p, c.n_prod_in, c.n, dhx.p, 1, y1.p);
+    pp.type = tp;
+    pp.act_round = act.p;
+    pp.residual = y1.p;
+    cuda::launch_matmul(pp);  // plain: y1 = res + W h
+    pp.y = y2.p;
+    pp.residual = y2.p;
+    ASSERT_TRUE(cuda::matmul_folds_norm(pp)) << where;
+    pp.fold_out = &fold;
+    cuda::launch_matmul(pp);  // folded: y2 and the fold
+    const auto y = y1.get();
+    ASSERT_EQ(y, y2.get()) << where;
+    // The fold against the host's Q8_0 of w * y and the sums of y^2.
+    std::vector<float> wy(static_cast<size_t>(c.n));
+    for (size_t i = 0; i < wy.size(); ++i) wy[i] = y[i] * nw[i];
+    std::vector<uint8_t> hq(ggml_row_bytes(GgmlType::Q8_0, c.n));
+    quantize_row(GgmlType::Q8_0, wy.data(), hq.data(), c.n);
+    const auto fb = fold_buf.get();
+    for (int64_t b = 0; b < c.n / 32; ++b) {
+      uint16_t dh;
+      std::memcpy(&dh, hq.data() + 34 * b, 2);
+      float dd, part;
+      std::memcpy(&dd, fb.data() + c.n + 4 * b, 4);
+      std::memcpy(&part, fb.data() + c.n + 4 * (c.n / 32 + b), 4);
+      ASSERT_EQ(f32_to_f16(dd), dh) << where << " block " << b;  // (the fold keeps it unrounded)
+      ASSERT_EQ(0, std::memcmp(hq.data() + 34 * b + 2, fb.data() + 32 * b, 32)) << where << " block " << b;
+      double ss = 0;
+      for (int64_t i = 32 * b; i < 32 * b + 32; ++i) ss += double(y[static_cast<size_t>(i)]) * y[static_cast<size_t>(i)];
+      ASSERT_NEAR(part, ss, 1e-5 * ss) << where << " block " << b;
+    }
+    // Consumers: a gate/up pair of the fold's width, after the norm or reading the fold.
+    std::vector<std::unique_ptr<Dev<uint8_t>>> ws;
+    std::vector<std::unique_ptr<Dev<float>>> c1, c2;
+    std::vector<cuda::MatmulParams> ps1, ps2;
+    for (int i = 0; i < 2; ++i) {
+      const int64_t n_out = 96 + 32 * i;
+      const RandomWeights wc = random_weights(rng, c.t, c.n, n_out);
+      ws.push_back(std::make_unique<Dev<uint8_t>>(wc.bytes));
+      const int tc = to_x8(c.t, ws.back()->p, wc.bytes.size(), c.n);
+      ASSERT_TRUE(cuda::matmul_takes_folded_norm(tc, c.n, false)) << where;
+      c1.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_out)));
+      c2.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n_out)));
+      cuda::MatmulParams p = mat_params(c.t, ws.back()->p, c.n, n_out, h1.p, 1, c1.back()->p);
+      p.type = tc;
+      p.act_round = act1.p;
+      ps1.push_back(p);
+      p.y = c2.back()->p;
+      p.act_round = reinterpret_cast<float*>(fold.q);
+      ps2.push_back(p);
+    }
+    cuda::launch_norm(norm_params(y1.p, h1.p, c.n, 1, dnw.p, nullptr, false));
+    cuda::launch_matmuls(ps1.data(), 2);
+    ps2[0].x_prepared = true;
+    ps2[0].fold_in = &fold;
+    cuda::launch_matmuls(ps2.data(), 2);
+    for (int i = 0; i < 2; ++i) {
+      const auto a = c1[static_cast<size_t>(i)]->get(), b = c2[static_cast<size_t>(i)]->get();
+      const double e = nmse(b.data(), a.data(), a.size());
+      std::printf("[gpu] fold %-24s product %d nmse %.3g\n", where.c_str(), i, e);
+      EXPECT_LT(e, 1e-10) << where << " product " << i;
+    }
+  }
+  // A fold where its kernel does not take it fails before launching: Q4_0 rows of the narrow
+  // kernel's width, a product without the residual.
+  EXPECT_FALSE(cuda::matmul_takes_folded_norm(static_cast<int>(cuda::x8_type(static_cast<int>(GgmlType::Q4_0), 2048)),
+                                              2048, false));
+  EXPECT_FALSE(cuda::matmul_takes_folded_norm(static_cast<int>(cuda::x8_type(static_cast<int>(GgmlType::Q4_0), 4096)),
+                                              4096, true));
+  Dev<uint8_t> dw(random_weights(rng, GgmlType::Q8_0, 256, 32).bytes);
+  const int t8 = to_x8(GgmlType::Q8_0, dw.p, dw.n, 256);
+  Dev<float> dx(random_floats(rng, 256)), dy(32), dact(256), dnw(random_floats(rng, 32));
+  Dev<uint8_t> fb(std::vector<uint8_t>(cuda::norm_fold_bytes(32)));
+  const cuda::NormFold f = cuda::norm_fold_at(fb.p, dnw.p, 32, eps);
+  cuda::MatmulParams p = mat_params(GgmlType::Q8_0, dw.p, 256, 32, dx.p, 1, dy.p);
+  p.type = t8;
+  p.act_round = dact.p;
+  EXPECT_FALSE(cuda::matmul_folds_norm(p));
+  p.fold_out = &f;
+  EXPECT_ANY_THROW(cuda::launch_matmul(p));
 }
 
 // The attention merge's rounded output for an F16 / BF16 wo (AttnParams::out_round): the bits
