@@ -778,11 +778,7 @@ void CudaBackend::ffn(const LayerPlan& p, const DeviceLayer& d, const float* h, 
     // self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     MatmulParams gu[2] = {matmul_params(d.ffn_gate, h, E, gate_.f(), n_ff), matmul_params(d.ffn_up, h, E, up_.f(), n_ff)};
     gu[0].pre_norm = pre_norm;
-    if (h_fold) {
-      for (MatmulParams& m : gu) m.act_round = reinterpret_cast<float*>(h_fold->q);
-      gu[0].x_prepared = true;
-      gu[0].fold_in = h_fold;
-    }
+    if (h_fold) read_norm_fold(gu, 2, *h_fold);
     launch_matmuls(gu, 2);  // one rounding of h for both (with the norm, when given)
     g.gate = gate_.f();
     g.up = up_.f();
@@ -941,12 +937,7 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     MatmulParams qkv[3] = {matmul_params(d.wq, h_.f(), E, q_out, p.attn_out_gate ? 2 * q_w : q_w),
                            matmul_params(d.wk, h_.f(), E, k_.f(), k_w), matmul_params(d.wv, h_.f(), E, v_.f(), v_w)};
     qkv[0].pre_norm = &attn_norm;
-    if (folded) {  // h is attn_fold: no norm launch
-      for (MatmulParams& m : qkv) m.act_round = reinterpret_cast<float*>(attn_fold.q);
-      qkv[0].pre_norm = nullptr;
-      qkv[0].x_prepared = true;
-      qkv[0].fold_in = &attn_fold;
-    }
+    if (folded) read_norm_fold(qkv, 3, attn_fold);  // h is attn_fold: no norm launch
     // RoPE (with the QK-norm for neox heads) and the append in the products' store where it
     // can (decode: matmul_can_rope): one launch fewer per layer.
     rope_done = roped && !p.attn_out_gate && matmul_can_rope(qkv, 3, r);

@@ -287,5 +287,13 @@ bool matmul_folds_norm(const MatmulParams& p);
 // (MatmulParams::fold_in): its launch takes matvec_reg_kernel, as for Q8_0 always, and for Q4_0
 // rows wider than the narrow kernel's without neox RoPE in the store (the narrow rope kernel).
 bool matmul_takes_folded_norm(int type, int64_t n_in, bool neox_rope);
+// Makes the n products of one launch_matmuls group read fold f (each must
+// matmul_takes_folded_norm) in place of a normed x: no norm, f's quants as their prepared x.
+inline void read_norm_fold(MatmulParams* ps, int n, const NormFold& f) {
+  for (int i = 0; i < n; ++i) ps[i].act_round = reinterpret_cast<float*>(f.q);
+  ps[0].pre_norm = nullptr;
+  ps[0].x_prepared = true;
+  ps[0].fold_in = &f;
+}
 
 }  // namespace frink::cuda

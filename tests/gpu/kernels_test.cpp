@@ -736,13 +736,11 @@ TEST(CudaKernels, NormFoldEqualsNormThenProducts) {
       p.act_round = act1.p;
       ps1.push_back(p);
       p.y = c2.back()->p;
-      p.act_round = reinterpret_cast<float*>(fold.q);
       ps2.push_back(p);
     }
     cuda::launch_norm(norm_params(y1.p, h1.p, c.n, 1, dnw.p, nullptr, false));
     cuda::launch_matmuls(ps1.data(), 2);
-    ps2[0].x_prepared = true;
-    ps2[0].fold_in = &fold;
+    cuda::read_norm_fold(ps2.data(), 2, fold);
     cuda::launch_matmuls(ps2.data(), 2);
     for (int i = 0; i < 2; ++i) {
       const auto a = c1[static_cast<size_t>(i)]->get(), b = c2[static_cast<size_t>(i)]->get();
