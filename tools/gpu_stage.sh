@@ -13,8 +13,12 @@ shared=$root/../shared/testdata
 mkdir -p "$G/bin" "$G/lib" "$G/testdata/llamacpp/archs" "$G/testdata/models"
 cp "$build/frink" "$build/tests/test_gpu" "$G/bin/"
 for so in libfmt.so.9 libpcre2-8.so.0; do cp -L "$(ldconfig -p | awk -v n=$so '$1 == n {print $NF; exit}')" "$G/lib/"; done
-rm -rf "$G/testdata/llamacpp/quant" && cp -r "$shared/llamacpp/quant" "$G/testdata/llamacpp/quant" &&
-  rm -rf "$G/testdata/llamacpp/quant/dequant"  # the GPU tests do not read it
+rm -rf "$G/testdata/llamacpp/quant"
+# QUANT=0 leaves the quant fixtures (24 MiB) out, to make room for the hybrids' (ARCHS below).
+if [ "${QUANT:-1}" != 0 ]; then
+  cp -r "$shared/llamacpp/quant" "$G/testdata/llamacpp/quant" &&
+    rm -rf "$G/testdata/llamacpp/quant/dequant"  # the GPU tests do not read it
+fi
 # Arch fixtures: by default three dense ones (plain llama, QK-norm qwen3, softcaps + window
 # gemma2); the carry limit leaves room for about 26 MiB of them, so the GGUF hybrids
 # (ARCHS="qwen3next-moe qwen35-dense qwen35moe-moe", read by the HybridDevice tests) take a call
