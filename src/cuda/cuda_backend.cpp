@@ -599,12 +599,14 @@ void CudaBackend::copy_back_early() {
   pending_.back().event = static_cast<int>(n_early);
 }
 
-void CudaBackend::copy_back_in_graph(const Pending& pd) {
-  const CopyEvents& e = copy_events_[static_cast<size_t>(pd.event)];
-  const size_t n = static_cast<size_t>(n_tok_ * (pd.cache->k_width() + pd.cache->v_width()));  // k rows, then v
-  FRINK_CUDA_CHECK(cudaEventRecord(e.ready, stream_));  // captured: a fork after the layer's last kernel
+void CudaBackend::copy_back_in_graph(const Pending& first, const Pending& last) {
+  FRINK_ASSERT(first.event == last.event && first.k_off <= last.k_off, "a copy group of one event, in staging order");
+  const CopyEvents& e = copy_events_[static_cast<size_t>(last.event)];
+  // k rows, then v, layer after layer: the group's staging is contiguous (add_pending).
+  const size_t n = last.v_off + static_cast<size_t>(n_tok_ * last.cache->v_width()) - first.k_off;
+  FRINK_CUDA_CHECK(cudaEventRecord(e.ready, stream_));  // captured: a fork after the group's last kernel
   FRINK_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, e.ready, 0));
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_.f() + pd.k_off, dstage_.f() + pd.k_off, n * sizeof(float),
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_.f() + first.k_off, dstage_.f() + first.k_off, n * sizeof(float),
                                    cudaMemcpyDeviceToHost, copy_stream_));
   FRINK_CUDA_CHECK(cudaEventRecordWithFlags(e.landed, copy_stream_, cudaEventRecordExternal));
 }
@@ -1138,19 +1140,21 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
   try {
     static constexpr int64_t kOneSegment[] = {1};  // a decode step: no cut; snapshots go after the replay
     bool forked = false;  // a layer's rows went to copy_stream_, which must rejoin
+    const Pending* group_first = nullptr;  // the first layer of the copy group being enqueued
     for (size_t il = 0; il < runs.size(); ++il) {
       const LayerRun& r = runs[il];
-      if (r.rec)
+      if (r.rec) {
         enqueue_delta_net(static_cast<int64_t>(il), *r.rec, kOneSegment, nullptr);
-      else {
-        enqueue_layer(static_cast<int64_t>(il), *r.kv, r.pd, max_keys);
-        copy_back_in_graph(r.pd);
+        continue;
+      }
+      enqueue_layer(static_cast<int64_t>(il), *r.kv, r.pd, max_keys);
+      if (!group_first || group_first->event != r.pd.event) group_first = &r.pd;
+      size_t next = il + 1;  // the next attention layer, if any: the group ends before a new event
+      while (next < runs.size() && !runs[next].kv) ++next;
+      if (next == runs.size() || runs[next].pd.event != r.pd.event) {
+        copy_back_in_graph(*group_first, r.pd);
         forked = true;
       }
-    }
-    if (forked) {
-      FRINK_CUDA_CHECK(cudaEventRecord(graph_join_, copy_stream_));
-      FRINK_CUDA_CHECK(cudaStreamWaitEvent(stream_, graph_join_, 0));
     }
     enqueue_head(0, 1);
     if (pick_k >= 0) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k
@@ -1159,6 +1163,11 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
         launch_argmax(logits_.f(), m_.hp.n_vocab, pick_scratch_.p, pick_ids_dev_, stream_);
       else
         launch_topk(logits_.f(), m_.hp.n_vocab, pick_k, pick_scratch_.p, pick_ids_dev_, pick_vals_dev_, stream_);
+    }
+    // The copies rejoin at the end, so the last group's copy runs beside the head, off its chain.
+    if (forked) {
+      FRINK_CUDA_CHECK(cudaEventRecord(graph_join_, copy_stream_));
+      FRINK_CUDA_CHECK(cudaStreamWaitEvent(stream_, graph_join_, 0));
     }
   } catch (...) {
     cudaGraph_t broken = nullptr;
@@ -1227,19 +1236,19 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   partial_.ensure(part * sizeof(float));
   logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
   upload(x);
-  // Each attention layer's rows land by their own event (copy_back_in_graph), in layer order.
+  // Each group of attention layers' rows land by their own event (copy_back_in_graph), in layer order.
   int n_kv = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     LayerRun& r = runs[static_cast<size_t>(il)];
     if (r.kv) {
       r.pd = add_pending(*caches[static_cast<size_t>(il)], *r.kv);
-      r.pd.event = pending_.back().event = n_kv++;
+      r.pd.event = pending_.back().event = n_kv++ / kGraphCopyLayers;
     } else {
       r.rec->running(il);
       pending_rec_.push_back({recurrent, r.rec, il});
     }
   }
-  ensure_copy_events(static_cast<size_t>(n_kv));
+  ensure_copy_events(static_cast<size_t>((n_kv + kGraphCopyLayers - 1) / kGraphCopyLayers));
   if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
   try {
     const int pick_k = pick ? pick->top_k : -1;

@@ -246,13 +246,22 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   cudaStream_t copy_stream_ = nullptr;
   void ensure_copy_events(size_t n);  // copy_events_ holds at least n pairs
   void copy_back_early();
-  // A token graph's version of copy_back_early, captured after layer pd's kernels: its rows
-  // copied back on a branch of the graph (copy_stream_), their landing an external event the
-  // host waits on (copy_events_[pd.event].landed), so flush() appends each layer's rows while
-  // the replay runs later layers. Measured (H200, 8B Q4_0 tg128, one call, alternating): host
+  // A token graph's version of copy_back_early, captured after the kernels of the last layer
+  // of a group of kGraphCopyLayers attention layers (first .. last: the group's pendings,
+  // whose staging is contiguous): their rows copied back on a branch of the graph
+  // (copy_stream_), their landing an external event the host waits on
+  // (copy_events_[pd.event].landed), so flush() appends each group's rows while the replay runs
+  // later layers. A copy a layer, measured (H200, 8B Q4_0 tg128, one call, alternating): host
   // time a step 2.142-2.159 -> 2.112-2.123 ms, 460-463 -> 468-471 t/s; the graph 0.8% slower
   // (2.029 -> 2.045 ms) and its launch 0.006-0.010 -> 0.083-0.090 ms for the 32 copy nodes.
-  void copy_back_in_graph(const Pending& pd);
+  // A copy a group of 8, the branch rejoining after the pick rather than before the head
+  // (where the last copy sat on the head's chain): 8B Q4_0 graph 1.865 / 1.865 -> 1.851 /
+  // 1.856 ms, launch 0.064-0.069 -> 0.009-0.018, 518.8 / 518.3 -> 523.7 / 517.5 t/s;
+  // qwen3-next Q4_K_M 8 layers graph 0.498 / 0.497 -> 0.483 / 0.484, 1807 / 1812 -> 1887 /
+  // 1882 t/s (one call, two rounds; groups of 4 between, all 32 in one group lost 3-5% on the
+  // 8B: its host then lands every layer after the replay).
+  static constexpr int kGraphCopyLayers = 8;
+  void copy_back_in_graph(const Pending& first, const Pending& last);
   cudaEvent_t graph_join_ = nullptr;  // the copies' branch rejoins the graph's stream at its end
   void copy_out(const float* dev, size_t n);  // into out_host_, on the stream
   void copy_out_and_flush(const float* dev, size_t n, float* out);
