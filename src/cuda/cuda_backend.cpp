@@ -1235,7 +1235,12 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
   }
   partial_.ensure(part * sizeof(float));
   logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
-  upload(x);
+  // x through pinned memory: from the caller's pageable memory the copy is the driver's own
+  // staging, synchronous on this thread (measured with KvMirror's fingerprint prefix).
+  const size_t xb = static_cast<size_t>(hp.n_embd) * sizeof(float);
+  in_host_.ensure(xb);  // nothing in flight reads it: every step ends with a wait
+  std::memcpy(in_host_.p, x, xb);
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(x_.p, in_host_.p, xb, cudaMemcpyHostToDevice, stream_));
   // Each group of attention layers' rows land by their own event (copy_back_in_graph), in layer order.
   int n_kv = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {

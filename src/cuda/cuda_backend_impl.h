@@ -233,6 +233,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   DevBuf dstage_;      // the same rows on the device, at the same offsets
   size_t staging_used_ = 0, staging_landed_ = 0;
   PinnedBuf out_host_;  // logits or the residual on their way to the caller's memory
+  PinnedBuf in_host_;   // a decode token's x on its way to the device (run_token)
   std::vector<Pending> pending_;
   // Prompt batches copy each layer's new rows back as soon as they are appended, and flush()
   // appends them to the host caches as each copy lands, while the device runs later layers.

@@ -7,8 +7,8 @@
 // and nothing else in the engine needs to know a mirror exists.
 //
 // Staleness: the mirror is trusted ONLY while (seq_len, epoch) == (cache.rows(),
-// cache.epoch()) and the fingerprint of the cache's last K row is the one recorded when
-// the mirror last caught up. Anything else (a truncate, a rewind, a prefix-cache restore, a
+// cache.epoch()) and the fingerprint of the cache's last K row (its first kFingerprintFloats)
+// is the one recorded when the mirror last caught up. Anything else (a truncate, a rewind, a prefix-cache restore, a
 // slot load, rows the host appended while this layer refused, a different cache that came
 // to live at the same address) and prepare() re-uploads the whole history. One upload is
 // cheaper than enumerating every path that can rewind a cache, and that enumeration is
@@ -54,6 +54,7 @@ class KvMirror {
   int64_t n_uploads() const { return n_uploads_; }  // full re-uploads so far (tests)
 
  private:
+  static constexpr int64_t kFingerprintFloats = 64;
   static uint64_t fingerprint(const KvCache& cache);
 
   int64_t k_width_, v_width_;
