@@ -8,12 +8,12 @@
 //
 // Staleness: the mirror is trusted ONLY while (seq_len, epoch) == (cache.rows(),
 // cache.epoch()) and the fingerprint of the cache's last K row (its first kFingerprintFloats)
-// is the one recorded when the mirror last caught up. Anything else (a truncate, a rewind, a prefix-cache restore, a
-// slot load, rows the host appended while this layer refused, a different cache that came
-// to live at the same address) and prepare() re-uploads the whole history. One upload is
-// cheaper than enumerating every path that can rewind a cache, and that enumeration is
-// what would rot. The fingerprint covers what (rows, epoch) cannot: a cache restored from
-// a copy whose counters happen to agree.
+// is the one recorded when the mirror last caught up. Anything else (a truncate, a rewind, a
+// prefix-cache restore, a slot load, rows the host appended while this layer refused, a
+// different cache that came to live at the same address) and prepare() re-uploads the whole
+// history. One upload is cheaper than enumerating every path that can rewind a cache, and
+// that enumeration is what would rot. The fingerprint covers what (rows, epoch) cannot: a
+// cache restored from a copy whose counters happen to agree.
 //
 // Capacity: the cache's planned capacity when it has one; otherwise the next power of two
 // of the needed length, at least 512, grown by doubling. A growth re-uploads (the staleness
