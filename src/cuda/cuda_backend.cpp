@@ -23,6 +23,15 @@
 // their own. Mirror staleness is settled before the replay (prepare() uploads outside the
 // graph), so the replay always reads a mirror that agrees with its host cache.
 //
+// One step ahead: a greedy step's pick is its next step's token, so run_token enqueues that
+// step before it waits for its own, and the device runs it while the host lands the rows and
+// the caller takes the token. So a token graph starts with the token's embedding row
+// (embed.cuh), its id where the pick leaves it; a step run when asked copies its token there. The step ahead changes no host state; its rows go to the other half of the staging
+// (by the position's parity, as its copy events and pick slot) and land only when the next
+// call adopts it: same position, token, caches and a greedy pick, and every mirror still
+// current (the staleness rule, so a truncate or restore between the calls drops it).
+// Anything else waits for it and drops it (cancel_ahead); its mirror rows lie past seq_len.
+//
 // Gated delta net layers (hybrids) and the recurrent state mirror: cuda_backend_recurrent.cpp.
 #include "cuda/cuda_backend.h"
 
@@ -49,6 +58,7 @@
 #include "cuda/device_probe.h"
 #include "cuda/device_weights.h"
 #include "cuda/elementwise.cuh"
+#include "cuda/embed.cuh"
 #include "cuda/kv_mirror.h"
 #include "cuda/matmul.cuh"
 #include "cuda/moe.cuh"
@@ -72,13 +82,14 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialised");
   if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
   FRINK_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int32_t)));
-  FRINK_CUDA_CHECK(cudaMallocHost(&pos_host_, sizeof(int32_t)));
+  FRINK_CUDA_CHECK(cudaMallocHost(&pos_host_, 4 * sizeof(int32_t)));  // positions and tokens, a slot a parity
   FRINK_CUDA_CHECK(cudaMalloc(&pick_dev_, sizeof(PickDev)));
   FRINK_CUDA_CHECK(cudaMallocHost(&pick_host_, sizeof(PickDev)));
   FRINK_CUDA_CHECK(cudaMalloc(&pick_ids_dev_, kPickMaxTopK * sizeof(int32_t)));
   FRINK_CUDA_CHECK(cudaMalloc(&pick_vals_dev_, kPickMaxTopK * sizeof(float)));
-  FRINK_CUDA_CHECK(cudaMallocHost(&pick_ids_host_, kPickMaxTopK * sizeof(int32_t)));
-  FRINK_CUDA_CHECK(cudaMallocHost(&pick_vals_host_, kPickMaxTopK * sizeof(float)));
+  FRINK_CUDA_CHECK(cudaMallocHost(&pick_ids_host_, 2 * kPickMaxTopK * sizeof(int32_t)));  // a slot a parity
+  FRINK_CUDA_CHECK(cudaMallocHost(&pick_vals_host_, 2 * kPickMaxTopK * sizeof(float)));
+  for (cudaEvent_t& e : step_done_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   pick_scratch_.ensure(std::max(argmax_scratch_bytes(), topk_scratch_bytes(m.hp.n_vocab, kPickMaxTopK)));
 }
 
@@ -113,7 +124,10 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(e.landed);
   }
   if (graph_join_) cudaEventDestroy(graph_join_);
-  for (cudaEvent_t e : step_ev_)
+  for (auto& pair : step_ev_)
+    for (cudaEvent_t e : pair)
+      if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : step_done_)
     if (e) cudaEventDestroy(e);
   cudaStreamDestroy(copy_stream_);
   cublasDestroy(blas_);
@@ -436,6 +450,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   // Recurrent work pending likewise never landed: its mirror layers stay untrusted.
   // A failed batch may have left early copies running (flush waits for them otherwise); the
   // staging they write may be reallocated below. Only then: this runs every decode token.
+  cancel_ahead();
   if (std::any_of(pending_.begin(), pending_.end(), [](const Pending& pd) { return pd.event >= 0; }))
     FRINK_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   clear_pending();
@@ -538,15 +553,18 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     scratch_elems_ = matmul_scratch_elems(max_in, n_tok);
     scratch_.ensure(scratch_elems_ * 2);
   }
+  // A decode step's rows take one of two halves by the parity of its position, so a step
+  // enqueued ahead (run_token) never writes where the host is landing the one before it.
   const size_t need = static_cast<size_t>(hp.n_layer * n_tok * 2 * kv_w);
-  staging_.ensure(need * sizeof(float));
-  dstage_.ensure(need * sizeof(float));
+  if (n_tok == 1) stage_half_ = need;
+  staging_.ensure((n_tok == 1 ? 2 : 1) * need * sizeof(float));
+  dstage_.ensure((n_tok == 1 ? 2 : 1) * need * sizeof(float));
   staging_used_ = staging_landed_ = 0;
   // Every batch that ran device work ended with a wait, so no earlier copy still reads
   // pos_host_; one that ran none only left a copy of a value nobody read.
   FRINK_ASSERT(pos0 <= INT32_MAX, "position {} past the device's 32-bit positions", pos0);
-  *pos_host_ = static_cast<int32_t>(pos0);
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  pos_host_[3] = static_cast<int32_t>(pos0);
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_ + 3, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
 }
 
 void CudaBackend::upload(const float* x) {
@@ -611,7 +629,10 @@ void CudaBackend::copy_back_in_graph(const Pending& first, const Pending& last) 
   FRINK_CUDA_CHECK(cudaEventRecordWithFlags(e.landed, copy_stream_, cudaEventRecordExternal));
 }
 
-void CudaBackend::flush() {
+void CudaBackend::flush(cudaEvent_t done) {
+  // A decode step with the next one enqueued behind it (run_token's step ahead) waits for its
+  // own end, not the stream's.
+  const auto wait_done = [&] { FRINK_CUDA_CHECK(done ? cudaEventSynchronize(done) : cudaStreamSynchronize(stream_)); };
   if (staging_used_ > staging_landed_)
     FRINK_CUDA_CHECK(cudaMemcpyAsync(staging_.f() + staging_landed_, dstage_.f() + staging_landed_,
                                      (staging_used_ - staging_landed_) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -660,18 +681,18 @@ void CudaBackend::flush() {
       bool synced = false;  // a decode step's layers (none early) wait for the stream once, not per layer
       for (const Pending& pd : pending_) {
         if (pd.event < 0 && !synced) {
-          FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+          wait_done();
           synced = true;
           flush_synced_ = Clock::now();  // run_token's --verbose times
         }
         land(pd);
       }
       if (!synced) {
-        FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        wait_done();
         flush_synced_ = Clock::now();  // run_token's --verbose times: its rows landed while it ran
       }
     }
-    FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    wait_done();
   } catch (...) {
     cudaStreamSynchronize(stream_);  // no copy may still write staging_ (a host-side throw leaves work queued)
     cudaStreamSynchronize(copy_stream_);
@@ -849,13 +870,17 @@ void CudaBackend::evict_mirrors(size_t bytes_wanted) {
   FRINK_LOG_DEBUG("device: evicted KV mirrors, {:.1f} MiB freed, {} left", freed / 1048576.0, mirrors_.size());
 }
 
-CudaBackend::Pending CudaBackend::add_pending(KvCache& cache, KvMirror& mirror) {
+CudaBackend::Pending CudaBackend::staged_rows(KvCache& cache, KvMirror& mirror, size_t& used) const {
   const size_t kf = static_cast<size_t>(n_tok_ * cache.k_width()), vf = static_cast<size_t>(n_tok_ * cache.v_width());
-  FRINK_ASSERT(staging_used_ + kf + vf <= staging_.floats(), "staging too small");
-  const Pending pd{&cache, &mirror, staging_used_, staging_used_ + kf};
-  staging_used_ += kf + vf;
-  pending_.push_back(pd);
+  FRINK_ASSERT(used + kf + vf <= staging_.floats(), "staging too small");
+  const Pending pd{&cache, &mirror, used, used + kf};
+  used += kf + vf;
   return pd;
+}
+
+CudaBackend::Pending CudaBackend::add_pending(KvCache& cache, KvMirror& mirror) {
+  pending_.push_back(staged_rows(cache, mirror, staging_used_));
+  return pending_.back();
 }
 
 void CudaBackend::run_layer(int64_t il, KvCache& cache) {
@@ -1111,8 +1136,9 @@ void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
   copy_out_and_flush(logits_.f(), static_cast<size_t>(n * V), logits);
 }
 
-std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k) const {
-  std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1)};
+std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k,
+                                              int parity) const {
+  std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1), static_cast<uintptr_t>(parity)};
   for (const DevBuf* b : {&act_, &fold_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
                           &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_})
@@ -1139,6 +1165,18 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     static constexpr int64_t kOneSegment[] = {1};  // a decode step: no cut; snapshots go after the replay
+    if (embed_in_graph()) {  // the token's row, its id at pick_ids_dev_[0]: a step ahead's is the pick before it
+      EmbedParams e;
+      e.type = w_.token_embd.type;
+      e.w = w_.token_embd.w;
+      e.row_bytes = w_.token_embd.row_bytes;
+      e.n = m_.hp.n_embd;
+      e.scale = m_.hp.embd_scale;
+      e.id = pick_ids_dev_;
+      e.x = x_.f();
+      e.stream = stream_;
+      launch_embed_row(e);
+    }
     bool forked = false;  // a layer's rows went to copy_stream_, which must rejoin
     const Pending* group_first = nullptr;  // the first layer of the copy group being enqueued
     for (size_t il = 0; il < runs.size(); ++il) {
@@ -1188,16 +1226,21 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
   return exec;
 }
 
-cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs,
-                                             int64_t max_keys, int pick_k) {
+cudaGraphExec_t CudaBackend::cached_token_graph(const std::vector<uintptr_t>& key) {
   for (size_t i = 0; i < token_graphs_.size(); ++i)
     if (token_graphs_[i].key == key) {
       std::rotate(token_graphs_.begin() + static_cast<std::ptrdiff_t>(i),
                   token_graphs_.begin() + static_cast<std::ptrdiff_t>(i) + 1, token_graphs_.end());
       return token_graphs_.back().exec;
     }
+  return nullptr;
+}
+
+cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs,
+                                             int64_t max_keys, int pick_k) {
+  if (cudaGraphExec_t exec = cached_token_graph(key)) return exec;
   cudaGraphExec_t exec = capture_token(runs, max_keys, pick_k);
-  if (token_graphs_.size() == kMaxTokenGraphs) {  // no replay is in flight: every token ends with a wait
+  if (token_graphs_.size() == kMaxTokenGraphs) {  // no replay is in flight: a capture follows begin_batch's wait
     FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graphs_.front().exec));
     token_graphs_.erase(token_graphs_.begin());
   }
@@ -1205,113 +1248,242 @@ cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::sp
   return exec;
 }
 
-void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* const> caches, RecurrentState* recurrent,
-                            float* logits, TokenPick* pick) {
+// A step enqueued ahead is this call's when nothing it assumed changed: the position, the token
+// (the pick it embedded on the device), the caches, a greedy pick, and each mirror still the
+// image of its cache (the staleness rule: a truncate or a restore between the calls fails it).
+bool CudaBackend::adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* const> caches, RecurrentState* recurrent,
+                              const float* logits, const TokenPick* pick) {
+  if (!ahead_.active) return false;
+  bool same = pos0 == ahead_.pos0 && token == ahead_.token && !logits && pick && pick->top_k == 0 &&
+              pick->n_pen == 0 && !recurrent && std::equal(caches.begin(), caches.end(), ahead_.caches.begin(),
+                                                               ahead_.caches.end());
+  for (size_t i = 0; same && i < ahead_.pending.size(); ++i) {
+    const Pending& pd = ahead_.pending[i];
+    same = pd.cache->rows() == pos0 && pd.mirror->current(*pd.cache);
+  }
+  if (!same) {
+    cancel_ahead();
+    return false;
+  }
+  ++batch_tick_;  // begin_batch's LRU mark, for the mirrors this step uses
+  for (KvCache* c : caches)
+    if (auto it = mirrors_.find(c); it != mirrors_.end()) it->second.last_use = batch_tick_;
+  clear_pending();
+  pending_ = std::move(ahead_.pending);
+  n_tok_ = 1;
+  pos0_ = pos0;
+  staging_used_ = staging_landed_ = ahead_.staging_end;  // the replay copies every layer's rows back itself
+  ahead_ = {};
+  ++n_ahead_;
+  return true;
+}
+
+void CudaBackend::cancel_ahead() {
+  if (!ahead_.active) return;
+  ahead_ = {};
+  // Its replay still reads buffers the caller may now resize, and its copies write staging_.
+  // Nothing of it reached the host; its mirror rows lie past each mirror's seq_len, where the
+  // next step writes its own.
+  FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::launch_step(cudaGraphExec_t exec, int parity) {
+  const bool timed = log_level() >= LogLevel::kDebug;
+  cudaEvent_t* ev = step_ev_[parity];
+  if (timed) {
+    for (int i = 0; i < 2; ++i)
+      if (!ev[i]) FRINK_CUDA_CHECK(cudaEventCreate(&ev[i]));
+    FRINK_CUDA_CHECK(cudaEventRecord(ev[0], stream_));
+  }
+  FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  if (timed) FRINK_CUDA_CHECK(cudaEventRecord(ev[1], stream_));
+}
+
+void CudaBackend::finish_step(int parity, int pick_k, bool logits) {
+  if (logits) copy_out(logits_.f(), static_cast<size_t>(m_.hp.n_vocab));
+  if (pick_k >= 0) {
+    const int n_back = pick_k > 0 ? pick_k : 1;
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_ids_host_ + parity * kPickMaxTopK, pick_ids_dev_, n_back * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, stream_));
+    if (pick_k > 0)
+      FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_vals_host_ + parity * kPickMaxTopK, pick_vals_dev_,
+                                       n_back * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
+  FRINK_CUDA_CHECK(cudaEventRecord(step_done_[parity], stream_));
+}
+
+// The step at pos1 = the one in flight's position + 1, its token the in-flight step's pick,
+// enqueued behind it: the embedding row taken on the device, then the replay. Only where
+// nothing must wait or grow under the running step (its mirrors have room for its row, the
+// attention scratch is big enough, its graph was captured before); else the next call runs
+// its step the usual way.
+bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches) {
+  const Hparams& hp = m_.hp;
+  if (!embed_in_graph() || pos1 > INT32_MAX || stage_half_ == 0) return false;
+  const int parity = static_cast<int>(pos1 & 1);
+  const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos1 + 1))));
+  std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
+  std::vector<Pending> pending;
+  size_t used = static_cast<size_t>(parity) * stage_half_, part = 0;
+  const int ev0 = parity * copy_groups_;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    KvCache& cache = *caches[static_cast<size_t>(il)];
+    auto it = mirrors_.find(&cache);
+    if (p.recurrent != RecurrentKind::kNone || it == mirrors_.end()) return false;
+    KvMirror& mirror = *it->second.mirror;
+    // The mirror holds the cache's rows; the step in flight writes row pos1 - 1, this one pos1.
+    if (cache.rows() != pos1 - 1 || mirror.seq_len() != pos1 - 1 || mirror.capacity() < pos1 + 1) return false;
+    LayerRun& r = runs[static_cast<size_t>(il)];
+    r.kv = &mirror;
+    r.pd = staged_rows(cache, mirror, used);
+    r.pd.event = ev0 + static_cast<int>(pending.size()) / kGraphCopyLayers;
+    pending.push_back(r.pd);
+    part = std::max(part, attn_scratch_floats(1, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
+  }
+  if (part * sizeof(float) > partial_.bytes || copy_events_.size() < static_cast<size_t>(2 * copy_groups_)) return false;
+  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, 0, parity));
+  if (!exec) return false;
+  // The position by a copy: a kernel right before a replay made the replay itself about 23 us
+  // slower (8B Q4_0, H200: a one-block kernel there took the token 1.855 -> 1.878 ms of
+  // graph, 527.8 -> 514.9-517.7 t/s; a copy does not), so the token's row is the graph's
+  // own first kernel, its id the step in flight's argmax (pick_ids_dev_).
+  pos_host_[parity] = static_cast<int32_t>(pos1);  // its last copy ran: the step two back was waited for
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_ + parity, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  launch_step(exec, parity);
+  finish_step(parity, 0, false);
+  ahead_.active = true;
+  ahead_.pos0 = pos1;
+  ahead_.token = -1;  // known when the step in flight's pick lands
+  ahead_.caches.assign(caches.begin(), caches.end());
+  ahead_.pending = std::move(pending);
+  ahead_.staging_end = used;
+  return true;
+}
+
+void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::span<KvCache* const> caches,
+                            RecurrentState* recurrent, float* logits, TokenPick* pick) {
   const Hparams& hp = m_.hp;
   FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
   FRINK_ASSERT((logits != nullptr) != (pick != nullptr), "run_token returns the logits or a pick, one of them");
+  const int pick_k = pick ? pick->top_k : -1;
+  FRINK_ASSERT(!pick || (pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
+                         pick->n_pen >= 0 && pick->n_pen <= kPickMaxPenalties),
+               "device pick of top {} with {} penalties", pick_k, pick ? pick->n_pen : 0);
   using Clock = std::chrono::steady_clock;
   const bool timed = log_level() >= LogLevel::kDebug;
   const Clock::time_point t_enter = Clock::now();
-  begin_batch(1, pos0, caches, recurrent);
-  // Everything that may synchronise, allocate or upload happens here, before the replay.
-  const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
-  std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
-  size_t part = 0;
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
-    FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_token with refused layer {}", il);
-    if (p.recurrent != RecurrentKind::kNone) {
-      FRINK_ASSERT(recurrent, "run_token on recurrent layer {} without a recurrent state", il);
-      RecurrentMirror& rm = ready_recurrent(*recurrent);
-      rm.prepare(*recurrent, il, stream_);  // a stale copy is uploaded here, before the replay
-      runs[static_cast<size_t>(il)].rec = &rm;
-      continue;
-    }
-    KvCache& cache = *caches[static_cast<size_t>(il)];
-    FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
-    runs[static_cast<size_t>(il)].kv = &ready_mirror(cache, p, 1);
-    part = std::max(part, attn_scratch_floats(1, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
-  }
-  partial_.ensure(part * sizeof(float));
-  logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
-  // x through pinned memory: from the caller's pageable memory the copy is the driver's own
-  // staging, synchronous on this thread (measured with KvMirror's fingerprint prefix).
-  const size_t xb = static_cast<size_t>(hp.n_embd) * sizeof(float);
-  in_host_.ensure(xb);  // nothing in flight reads it: every step ends with a wait
-  std::memcpy(in_host_.p, x, xb);
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(x_.p, in_host_.p, xb, cudaMemcpyHostToDevice, stream_));
-  // Each group of attention layers' rows land by their own event (copy_back_in_graph), in layer order.
-  int n_kv = 0;
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    LayerRun& r = runs[static_cast<size_t>(il)];
-    if (r.kv) {
-      r.pd = add_pending(*caches[static_cast<size_t>(il)], *r.kv);
-      r.pd.event = pending_.back().event = n_kv++ / kGraphCopyLayers;
-    } else {
-      r.rec->running(il);
-      pending_rec_.push_back({recurrent, r.rec, il});
-    }
-  }
-  ensure_copy_events(static_cast<size_t>((n_kv + kGraphCopyLayers - 1) / kGraphCopyLayers));
-  if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
+  Clock::time_point t_launch = t_enter, t_launched = t_enter;
+  const int parity = static_cast<int>(pos0 & 1);
   try {
-    const int pick_k = pick ? pick->top_k : -1;
-    FRINK_ASSERT(!pick || (pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
-                           pick->n_pen >= 0 && pick->n_pen <= kPickMaxPenalties),
-                 "device pick of top {} with {} penalties", pick_k, pick ? pick->n_pen : 0);
-    cudaGraphExec_t exec = token_graph_for(graph_key(runs, max_keys, pick_k), runs, max_keys, pick_k);
-    if (pick) {  // the step's pick parameters, after any capture, before the replay that reads them
-      pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
-      pick_host_->repeat = pick->repeat;
-      pick_host_->frequency = pick->frequency;
-      pick_host_->presence = pick->presence;
-      for (int64_t i = 0; i < pick->n_pen; ++i) {
-        pick_host_->pen[2 * i] = pick->pen_ids[i];
-        pick_host_->pen[2 * i + 1] = pick->pen_counts[i];
+    const bool adopted = adopt_ahead(pos0, token, caches, recurrent, logits, pick);
+    if (!adopted) {
+      begin_batch(1, pos0, caches, recurrent);
+      // Everything that may synchronise, allocate or upload happens here, before the replay.
+      const int64_t max_keys =
+          std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
+      std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
+      size_t part = 0;
+      for (int64_t il = 0; il < hp.n_layer; ++il) {
+        const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+        FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_token with refused layer {}", il);
+        if (p.recurrent != RecurrentKind::kNone) {
+          FRINK_ASSERT(recurrent, "run_token on recurrent layer {} without a recurrent state", il);
+          RecurrentMirror& rm = ready_recurrent(*recurrent);
+          rm.prepare(*recurrent, il, stream_);  // a stale copy is uploaded here, before the replay
+          runs[static_cast<size_t>(il)].rec = &rm;
+          continue;
+        }
+        KvCache& cache = *caches[static_cast<size_t>(il)];
+        FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
+        runs[static_cast<size_t>(il)].kv = &ready_mirror(cache, p, 1);
+        part = std::max(part, attn_scratch_floats(1, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
       }
-      FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_dev_, pick_host_, pick_dev_bytes(pick_host_->n_pen),
-                                       cudaMemcpyHostToDevice, stream_));
-    }
-    Clock::time_point t_launch{};
-    if (timed) {
-      for (cudaEvent_t& e : step_ev_)
-        if (!e) FRINK_CUDA_CHECK(cudaEventCreate(&e));
-      FRINK_CUDA_CHECK(cudaEventRecord(step_ev_[0], stream_));
+      partial_.ensure(part * sizeof(float));
+      logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
+      if (embed_in_graph()) {  // the graph takes the token's row itself: its id where it reads it
+        pos_host_[2] = token;  // nothing in flight reads it: begin_batch left the stream idle
+        FRINK_CUDA_CHECK(
+            cudaMemcpyAsync(pick_ids_dev_, pos_host_ + 2, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+      } else {
+        // x through pinned memory: from the caller's pageable memory the copy is the driver's own
+        // staging, synchronous on this thread (measured with KvMirror's fingerprint prefix).
+        const size_t xb = static_cast<size_t>(hp.n_embd) * sizeof(float);
+        in_host_.ensure(xb);  // nothing in flight reads it: begin_batch left the stream idle
+        std::memcpy(in_host_.p, x, xb);
+        FRINK_CUDA_CHECK(cudaMemcpyAsync(x_.p, in_host_.p, xb, cudaMemcpyHostToDevice, stream_));
+      }
+      // Each group of attention layers' rows land by their own event (copy_back_in_graph), in
+      // layer order; the events and the staging half are the parity's (a step ahead's are the other).
+      staging_used_ = staging_landed_ = static_cast<size_t>(parity) * stage_half_;
+      int n_kv = 0;
+      for (const LayerRun& r : runs) n_kv += r.kv != nullptr;
+      copy_groups_ = (n_kv + kGraphCopyLayers - 1) / kGraphCopyLayers;
+      n_kv = 0;
+      for (int64_t il = 0; il < hp.n_layer; ++il) {
+        LayerRun& r = runs[static_cast<size_t>(il)];
+        if (r.kv) {
+          r.pd = add_pending(*caches[static_cast<size_t>(il)], *r.kv);
+          r.pd.event = pending_.back().event = parity * copy_groups_ + n_kv++ / kGraphCopyLayers;
+        } else {
+          r.rec->running(il);
+          pending_rec_.push_back({recurrent, r.rec, il});
+        }
+      }
+      ensure_copy_events(static_cast<size_t>(2 * copy_groups_));
+      if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
+      cudaGraphExec_t exec = token_graph_for(graph_key(runs, max_keys, pick_k, parity), runs, max_keys, pick_k);
+      if (pick) {  // the step's pick parameters, after any capture, before the replay that reads them
+        pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
+        pick_host_->repeat = pick->repeat;
+        pick_host_->frequency = pick->frequency;
+        pick_host_->presence = pick->presence;
+        for (int64_t i = 0; i < pick->n_pen; ++i) {
+          pick_host_->pen[2 * i] = pick->pen_ids[i];
+          pick_host_->pen[2 * i + 1] = pick->pen_counts[i];
+        }
+        FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_dev_, pick_host_, pick_dev_bytes(pick_host_->n_pen),
+                                         cudaMemcpyHostToDevice, stream_));
+      }
       t_launch = Clock::now();
+      launch_step(exec, parity);
+      t_launched = Clock::now();
+      staging_landed_ = staging_used_;  // the replay copies every layer's rows back itself
+      // The state after this token, where the state keeps one (every snapshot_interval-th
+      // position): copied out after the replay, so the graph never depends on the position.
+      if (recurrent && recurrent->wants_snapshot(pos0 + 1, pos0, pos0 + 1))
+        for (int64_t il = 0; il < hp.n_layer; ++il)
+          if (RecurrentMirror* rm = runs[static_cast<size_t>(il)].rec) stage_snapshot(*recurrent, *rm, il, pos0 + 1);
+      finish_step(parity, pick_k, logits != nullptr);
     }
-    FRINK_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    staging_landed_ = staging_used_;  // the replay copies every layer's rows back itself
-    const Clock::time_point t_launched = Clock::now();
-    if (timed) FRINK_CUDA_CHECK(cudaEventRecord(step_ev_[1], stream_));
-    // The state after this token, where the state keeps one (every snapshot_interval-th
-    // position): copied out after the replay, so the graph never depends on the position.
-    if (recurrent && recurrent->wants_snapshot(pos0 + 1, pos0, pos0 + 1))
-      for (int64_t il = 0; il < hp.n_layer; ++il)
-        if (RecurrentMirror* rm = runs[static_cast<size_t>(il)].rec) stage_snapshot(*recurrent, *rm, il, pos0 + 1);
-    if (logits) copy_out(logits_.f(), static_cast<size_t>(hp.n_vocab));
-    const int n_back = pick_k > 0 ? pick_k : 1;
-    if (pick) {
-      FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_ids_host_, pick_ids_dev_, n_back * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                       stream_));
-      if (pick_k > 0)
-        FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_vals_host_, pick_vals_dev_, n_back * sizeof(float),
-                                         cudaMemcpyDeviceToHost, stream_));
+    // The next step, enqueued before this one's wait, so the device runs it while the host
+    // lands this one's rows and the caller takes its token: where the device's pick is the
+    // token (greedy, no penalties) and no recurrent state would run ahead of the host's.
+    if (pick_k == 0 && pick->n_pen == 0 && !recurrent && !hooks_.no_step_ahead && !hooks_.trust_stale_mirror) {
+      const Clock::time_point t = Clock::now();
+      if (launch_ahead(pos0 + 1, caches)) {
+        t_launch = t;
+        t_launched = Clock::now();
+      }
     }
     const Clock::time_point t_flush = Clock::now();
-    flush();
+    flush(step_done_[parity]);
     if (logits) std::memcpy(logits, out_host_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float));
-    if (pick && pick_k == 0) pick->id = pick_ids_host_[0];
+    const int32_t* ids = pick_ids_host_ + parity * kPickMaxTopK;
+    const float* vals = pick_vals_host_ + parity * kPickMaxTopK;
+    if (pick_k == 0) pick->id = ids[0];
     if (pick_k > 0) {
       pick->top.clear();
-      for (int i = 0; i < pick_k; ++i) pick->top.emplace_back(pick_ids_host_[i], pick_vals_host_[i]);
+      for (int i = 0; i < pick_k; ++i) pick->top.emplace_back(ids[i], vals[i]);
     }
-    if (timed) {  // flush waited for the stream: both events have completed
+    if (ahead_.active) ahead_.token = pick->id;
+    if (timed) {  // flush waited for this step's end: both its events have completed
       float graph_ms = 0.0f;
-      FRINK_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, step_ev_[0], step_ev_[1]));
+      FRINK_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, step_ev_[parity][0], step_ev_[parity][1]));
       const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
       const Clock::time_point t_end = Clock::now();
       step_times_.graph_ms.push_back(graph_ms);
+      step_times_.n_ahead += adopted;
       step_times_.prep_ms.push_back(ms(t_launch - t_enter));
       step_times_.launch_ms.push_back(ms(t_launched - t_launch));
       step_times_.wait_ms.push_back(ms(flush_synced_ - t_flush));
@@ -1321,10 +1493,11 @@ void CudaBackend::run_token(int64_t pos0, const float* x, std::span<KvCache* con
       last_step_end_ = t_end;
     }
   } catch (...) {
-    // The booked rows never reached the host: forget them, so the error is this step's
-    // alone and the next batch starts clean (the mirrors' rows past their seq_len are
-    // overwritten by the next step).
+    // The booked rows never reached the host: forget them (and a step ahead), so the error is
+    // this step's alone and the next batch starts clean (the mirrors' rows past their seq_len
+    // are overwritten by the next step).
     cudaStreamSynchronize(stream_);  // no queued copy may still read the pinned buffers
+    ahead_ = {};
     clear_pending();
     staging_used_ = staging_landed_ = 0;
     throw;
@@ -1342,9 +1515,10 @@ std::string CudaBackend::take_step_times() {
     return v[v.size() / 2];
   };
   return fmt::format(
-      "{} whole-token steps, medians: graph {:.3f} ms on the device; on the host {:.3f} ms a call ({:.3f} before "
-      "the replay, {:.3f} launching it, {:.3f} waiting, {:.3f} landing rows after), {:.3f} ms between calls",
-      t.graph_ms.size(), median(t.graph_ms), median(t.call_ms), median(t.prep_ms), median(t.launch_ms),
+      "{} whole-token steps ({} enqueued a step ahead), medians: graph {:.3f} ms on the device; on the host {:.3f} ms "
+      "a call ({:.3f} before the call's replay, {:.3f} launching it, {:.3f} waiting, {:.3f} landing rows after), "
+      "{:.3f} ms between calls",
+      t.graph_ms.size(), t.n_ahead, median(t.graph_ms), median(t.call_ms), median(t.prep_ms), median(t.launch_ms),
       median(t.wait_ms), median(t.land_ms), median(t.between_ms));
 }
 

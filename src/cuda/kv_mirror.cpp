@@ -63,7 +63,7 @@ void KvMirror::prepare(const KvCache& cache, int64_t n_new, cudaStream_t stream,
     capacity_ = cap;
     if (!trust_stale) seq_len_ = -1;  // the new buffers hold nothing
   }
-  const bool stale = seq_len_ != rows || epoch_ != cache.epoch() || fingerprint_ != fingerprint(cache);
+  const bool stale = !current(cache);
   if (stale && !trust_stale && rows > 0) {
     // Rows are contiguous in the host cache: one copy each for K and V.
     FRINK_CUDA_CHECK(cudaMemcpyAsync(k_, cache.k(0), static_cast<size_t>(rows * k_width_) * sizeof(float),
@@ -73,6 +73,10 @@ void KvMirror::prepare(const KvCache& cache, int64_t n_new, cudaStream_t stream,
     ++n_uploads_;
   }
   if (stale) caught_up(cache);
+}
+
+bool KvMirror::current(const KvCache& cache) const {
+  return seq_len_ == cache.rows() && epoch_ == cache.epoch() && fingerprint_ == fingerprint(cache);
 }
 
 void KvMirror::caught_up(const KvCache& cache) {

@@ -41,6 +41,8 @@ class KvMirror {
   void prepare(const KvCache& cache, int64_t n_new, cudaStream_t stream, bool trust_stale);
   // After the new rows reached the host cache: the mirror is current again.
   void caught_up(const KvCache& cache);
+  // The staleness rule above: whether the mirror holds exactly the cache's rows.
+  bool current(const KvCache& cache) const;
   // Device bytes prepare(cache, n_new) would allocate (0: no growth), and bytes held now.
   size_t growth_bytes(const KvCache& cache, int64_t n_new) const;
   size_t bytes() const { return static_cast<size_t>(capacity_ * (k_width_ + v_width_)) * sizeof(float); }

@@ -132,7 +132,7 @@ void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* lo
   RecurrentState* rec = s.recurrent().empty() ? nullptr : &s.recurrent();
   if (token_graph_ && n == 1 && (logits_out || pick)) {
     for (int64_t il = 0; il <= hp.n_layer; ++il) refusals_.add(Refusal::kNone);
-    device_->run_token(pos0, x.data(), caches, rec, logits_out, pick);
+    device_->run_token(pos0, tokens[0], x.data(), caches, rec, logits_out, pick);
     ++whole_token_steps_;
     s.commit(tokens, n);
     return;

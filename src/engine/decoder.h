@@ -46,6 +46,8 @@ class Decoder {
   const RefusalCounts& refusals() const { return refusals_; }
   // Decode steps that ran as one device submission (DeviceBackend::run_token).
   int64_t whole_token_steps() const { return whole_token_steps_; }
+  // Of those, the ones the device had started before the call (DeviceBackend::run_token).
+  int64_t steps_run_ahead() const { return device_ ? device_->steps_run_ahead() : 0; }
 
   // Appends tokens to the session and runs them. logits receives [n][n_vocab] when
   // all_logits, else the last token's [n_vocab]. Throws frink::Error, leaving the session

@@ -24,6 +24,7 @@
 #include "engine/sampler.h"
 #include "cuda/attention.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/embed.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/pick.cuh"
@@ -1738,6 +1739,49 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
     }
   }
   cublasDestroy(blas);
+}
+
+// The token embedding row taken on the device (a decode step run ahead, whose token is the
+// previous step's pick) holds the host's bits: cpu::embedding_row's dequantization, then the
+// embedding scale as cpu::embed_tokens multiplies, for every type the device decodes and for
+// the x8 layouts a tied head's matrix is kept in.
+TEST(CudaKernels, EmbedRowEqualsHostRowBitForBit) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(97);
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+                     GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                     GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
+    for (const int64_t n : {int64_t{256}, int64_t{2304}, int64_t{4096}}) {
+      const int64_t n_rows = 9;
+      const RandomWeights w = random_weights(rng, t, n, n_rows);
+      Dev<uint8_t> dw(w.bytes);
+      int type = static_cast<int>(t);
+      const bool x8 = cuda::x8_type(type, n) != type;
+      for (int layout = 0; layout < (x8 ? 2 : 1); ++layout) {
+        if (layout == 1) type = to_x8(t, dw.p, w.bytes.size(), n);
+        for (const int32_t id : {0, 4, 8})
+          for (const float scale : {0.0f, 45.25483f}) {
+            Dev<int32_t> did(std::vector<int32_t>{id});
+            Dev<float> dx(static_cast<size_t>(n));
+            cuda::EmbedParams e;
+            e.type = type;
+            e.w = dw.p;
+            e.row_bytes = ggml_row_bytes(t, n);
+            e.n = n;
+            e.scale = scale;
+            e.id = did.p;
+            e.x = dx.p;
+            cuda::launch_embed_row(e);
+            std::vector<float> ref(w.f.begin() + id * n, w.f.begin() + (id + 1) * n);
+            if (scale > 0.0f)
+              for (float& v : ref) v *= scale;
+            const auto x = dx.get();
+            EXPECT_EQ(std::memcmp(x.data(), ref.data(), ref.size() * sizeof(float)), 0)
+                << ggml_type_name(t) << " n " << n << " row " << id << " scale " << scale << (layout ? " x8" : "");
+          }
+      }
+    }
+  }
 }
 
 // The weighted sum of the chosen experts' outputs (+ the gated shared expert, + residual in

@@ -1,7 +1,8 @@
 // The KV mirror's invariant (DESIGN.md section 3) as a property: random interleavings of
-// device decode, host decode (rows the mirror never saw), truncation, restore from a saved
-// copy and capacity growth (past 512 rows, unbounded caches) never give a result that
-// differs from the host path. And the test has teeth: with the staleness re-upload
+// device decode, greedy device decode (each call leaving the next step enqueued ahead, which
+// every other operation must drop or, if nothing it assumed changed, the next call adopt),
+// host decode (rows the mirror never saw), truncation, restore from a saved copy and capacity
+// growth (past 512 rows, unbounded caches) never give a result that differs from the host path. And the test has teeth: with the staleness re-upload
 // sabotaged (DeviceHooks::trust_stale_mirror) the same kind of sequence must FAIL.
 #include <random>
 #include <string>
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/decoder.h"
+#include "engine/sampler.h"
 #include "engine/session.h"
 #include "gpu_support.h"
 #include "model/model.h"
@@ -37,8 +39,9 @@ struct Twin {  // the same history kept on the device-served and on the host-onl
 
 // Runs `seed`'s random program; returns the worst NMSE of device-served logits against the
 // host's, and counts greedy mismatches.
-double run_program(const Model& m, uint32_t seed, bool sabotage, int* argmax_mismatch) {
+double run_program(const Model& m, uint32_t seed, bool sabotage, int* argmax_mismatch, int64_t* ahead = nullptr) {
   Decoder dev(m, opts(DeviceChoice::kCuda, sabotage));
+  Sampler greedy(SamplerParams{.temp = 0.0f}, static_cast<int>(m.hp.n_vocab));
   Decoder host(m, opts(DeviceChoice::kCpu, false));
   std::mt19937 rng(seed);
   Twin cur{Session(m, 0), Session(m, 0)};
@@ -59,7 +62,7 @@ double run_program(const Model& m, uint32_t seed, bool sabotage, int* argmax_mis
   dev.eval(cur.dev, tokens(6), false, a);  // a first history, so every op has something to act on
   host.eval(cur.host, std::vector<int32_t>(cur.dev.tokens()), false, b);
   for (int step = 0; step < 60; ++step) {
-    const int op = static_cast<int>(rng() % 10);
+    const int op = static_cast<int>(rng() % 12);
     if (op <= 3) {  // device decode (1-3 tokens)
       const auto t = tokens(1 + static_cast<int>(rng() % 3));
       dev.eval(cur.dev, t, false, a);
@@ -80,6 +83,14 @@ double run_program(const Model& m, uint32_t seed, bool sabotage, int* argmax_mis
       if (saved.dev.n_past() == 0) continue;
       cur.dev = saved.dev;
       cur.host = saved.host;
+    } else if (op >= 10) {  // greedy device decode (eval_next), fed the host's greedy tokens
+      int32_t t = tokens(1)[0];
+      for (int i = 0, n = 2 + static_cast<int>(rng() % 4); i < n; ++i) {
+        const int32_t picked = dev.eval_next(cur.dev, t, greedy);
+        host.eval(cur.host, {t}, false, b);
+        t = greedy_token(b.data(), m.hp.n_vocab);
+        *argmax_mismatch += picked != t;
+      }
     } else {  // a long prompt: grows unbounded caches past the 512-row first capacity
       if (cur.dev.n_past() > 1400) continue;
       const auto t = tokens(150 + static_cast<int>(rng() % 300));
@@ -88,6 +99,7 @@ double run_program(const Model& m, uint32_t seed, bool sabotage, int* argmax_mis
       compare();
     }
   }
+  if (ahead) *ahead = dev.steps_run_ahead();
   return worst;
 }
 
@@ -95,13 +107,18 @@ TEST(KvMirrorProperty, RandomInterleavingsMatchHost) {
   FRINK_REQUIRE_GPU();
   FRINK_REQUIRE_GPU_DATA(kModel);
   const auto m = load_model((gpu_testdata() / kModel).string());
+  int64_t adopted = 0;
   for (uint32_t seed : {1u, 2u, 3u, 4u}) {
     int mismatch = 0;
-    const double worst = run_program(*m, seed, false, &mismatch);
-    std::printf("[gpu] mirror program seed %u: worst nmse %.3g, argmax mismatches %d\n", seed, worst, mismatch);
+    int64_t ahead = 0;
+    const double worst = run_program(*m, seed, false, &mismatch, &ahead);
+    adopted += ahead;
+    std::printf("[gpu] mirror program seed %u: worst nmse %.3g, argmax mismatches %d, steps run ahead %lld\n", seed,
+                worst, mismatch, static_cast<long long>(ahead));
     EXPECT_LT(worst, kBound) << "seed " << seed;
     EXPECT_EQ(mismatch, 0) << "seed " << seed;
   }
+  EXPECT_GT(adopted, 0) << "no greedy step ran ahead: the programs did not test it";
 }
 
 // More sequences than the mirrors' device memory holds (DeviceHooks::mirror_budget_bytes set
