@@ -215,10 +215,10 @@ DeviceWeights::DeviceWeights(const Model& m, bool stack_shared) {
     output_norm = norm(m.w.output_norm, hp.n_embd);
     if (hp.norm != NormKind::kLayer) output_norm.b = nullptr;
     output = linear(m.w.output);
-    bool ahead = !hp.embd_norm && m.w.tok_embd && matmul_supported(static_cast<int>(m.w.tok_embd->type));
-    for (int64_t il = 0; il < hp.n_layer && ahead; ++il)
-      ahead = hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone && device_refusal(m, il) == Refusal::kNone;
-    if (ahead) token_embd = linear(Linear{.w = m.w.tok_embd});
+    bool embed = !hp.embd_norm && m.w.tok_embd && matmul_supported(static_cast<int>(m.w.tok_embd->type));
+    for (int64_t il = 0; il < hp.n_layer && embed; ++il)
+      embed = hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone && device_refusal(m, il) == Refusal::kNone;
+    if (embed) token_embd = linear(Linear{.w = m.w.tok_embd});
   }
   if (m.w.rope_freqs) {
     int64_t n_rot = 0;

@@ -90,9 +90,10 @@ class DeviceWeights {
   const DeviceLayer& layer(int64_t il) const { return layers_[static_cast<size_t>(il)]; }
   DeviceNorm output_norm;
   DeviceLinear output;
-  // The token embedding, for decode steps that run one token ahead (CudaBackend::run_token):
-  // uploaded only where every layer and the head run here, no layer is recurrent and no norm
-  // follows the embedding; else null. A tied head's upload serves both.
+  // The token embedding, whose row a token graph's first kernel takes (a decode step run one
+  // ahead knows its token only here: CudaBackend::run_token): uploaded where every layer and
+  // the head run here, no layer is recurrent and no norm follows the embedding; else null.
+  // A tied head's upload serves both.
   DeviceLinear token_embd;
   const float* rope_freqs = nullptr;
   size_t bytes() const { return bytes_; }

@@ -33,14 +33,14 @@ __global__ void embed_row_kernel(const uint8_t* w, size_t row_bytes, int64_t n, 
 }  // namespace
 
 void launch_embed_row(const EmbedParams& p) {
-  const int64_t work = p.n;  // a thread an element (plain) or a 32-element piece: one or few blocks
+  const int64_t work = p.n;  // a thread an element (plain) or a 32-element piece: a few blocks at most
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, 64));
   const auto* w = static_cast<const uint8_t*>(p.w);
-#define FRINK_CASE(T)                                                                                       \
-  if (p.type == T) {                                                                                        \
+#define FRINK_CASE(T)                                                                          \
+  if (p.type == T) {                                                                           \
     embed_row_kernel<T><<<blocks, 256, 0, p.stream>>>(w, p.row_bytes, p.n, p.scale, p.id, p.x); \
-    FRINK_CUDA_CHECK_LAUNCH();                                                                              \
-    return;                                                                                                 \
+    FRINK_CUDA_CHECK_LAUNCH();                                                                 \
+    return;                                                                                    \
   }
   FRINK_FOR_EACH_DEVICE_TYPE(FRINK_CASE)
 #undef FRINK_CASE

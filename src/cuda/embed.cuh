@@ -1,8 +1,8 @@
-// A token's embedding row on the device: the decode step that runs one token ahead
-// (CudaBackend::run_token) takes its token from the previous step's pick, which reaches the
-// host only after that step, so the row cannot come from the host. The host's bits:
-// dequant32 / plain_at follow src/quant/dequant.cpp operation for operation (cpu::embedding_row),
-// and the scale is cpu::embed_tokens' one multiply.
+// A token's embedding row on the device, a token graph's first kernel: the decode step that
+// runs one token ahead (CudaBackend::run_token) takes its token from the previous step's
+// pick, which reaches the host only after that step, so the row cannot come from the host.
+// The host's bits: dequant32 / plain_at follow src/quant/dequant.cpp operation for operation
+// (cpu::embedding_row), and the scale is cpu::embed_tokens' one multiply.
 #pragma once
 
 #include <cstddef>
