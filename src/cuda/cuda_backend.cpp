@@ -1248,6 +1248,12 @@ cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::sp
   return exec;
 }
 
+// The attention grid's key bound a token graph at position pos bakes in: a power of two, at
+// least 512, so a sequence's graphs change about log2(context) times.
+static int64_t token_key_bound(int64_t pos) {
+  return std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos + 1))));
+}
+
 // A step enqueued ahead is this call's when nothing it assumed changed: the position, the token
 // (the pick it embedded on the device), the caches, a greedy pick, and each mirror still the
 // image of its cache (the staleness rule: a truncate or a restore between the calls fails it).
@@ -1321,7 +1327,7 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches) {
   const Hparams& hp = m_.hp;
   if (!embed_in_graph() || pos1 > INT32_MAX || stage_half_ == 0) return false;
   const int parity = static_cast<int>(pos1 & 1);
-  const int64_t max_keys = std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos1 + 1))));
+  const int64_t max_keys = token_key_bound(pos1);
   std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
   std::vector<Pending> pending;
   size_t used = static_cast<size_t>(parity) * stage_half_, part = 0;
@@ -1380,8 +1386,7 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
     if (!adopted) {
       begin_batch(1, pos0, caches, recurrent);
       // Everything that may synchronise, allocate or upload happens here, before the replay.
-      const int64_t max_keys =
-          std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos0 + 1))));
+      const int64_t max_keys = token_key_bound(pos0);
       std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
       size_t part = 0;
       for (int64_t il = 0; il < hp.n_layer; ++il) {
