@@ -712,7 +712,7 @@ void CudaBackend::flush(cudaEvent_t done) {
     ps.state->save_layer(ps.pos, ps.layer, snap_staging_.f() + ps.conv_off, snap_staging_.f() + ps.ssm_off);
   pending_snaps_.clear();
   snap_used_ = 0;
-  for (const PendingRec& pr : pending_rec_) pr.mirror->landed(*pr.state, pr.layer);
+  for (const PendingRec& pr : pending_rec_) pr.mirror->landed(*pr.state, pr.layer, pr.flip);
   pending_rec_.clear();
 }
 
@@ -1148,9 +1148,9 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, in
   key.push_back(static_cast<uintptr_t>(max_keys));
   for (size_t il = 0; il < runs.size(); ++il) {
     const LayerRun& r = runs[il];
-    if (r.rec) {  // the state buffers the recurrent kernels update in place
-      key.push_back(reinterpret_cast<uintptr_t>(r.rec->conv(static_cast<int64_t>(il))));
-      key.push_back(reinterpret_cast<uintptr_t>(r.rec->ssm(static_cast<int64_t>(il))));
+    if (r.rec) {  // the state copy the recurrent kernels read (they write the other)
+      key.push_back(reinterpret_cast<uintptr_t>(r.rec->conv(static_cast<int64_t>(il), r.rec_from)));
+      key.push_back(reinterpret_cast<uintptr_t>(r.rec->ssm(static_cast<int64_t>(il), r.rec_from)));
     } else {
       key.push_back(reinterpret_cast<uintptr_t>(r.kv->k_rows(0)));
       key.push_back(reinterpret_cast<uintptr_t>(r.kv->v_rows(0)));
@@ -1182,7 +1182,7 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
     for (size_t il = 0; il < runs.size(); ++il) {
       const LayerRun& r = runs[il];
       if (r.rec) {
-        enqueue_delta_net(static_cast<int64_t>(il), *r.rec, kOneSegment, nullptr);
+        enqueue_delta_net(static_cast<int64_t>(il), *r.rec, r.rec_from, 1 - r.rec_from, kOneSegment, nullptr);
         continue;
       }
       enqueue_layer(static_cast<int64_t>(il), *r.kv, r.pd, max_keys);
@@ -1261,12 +1261,22 @@ bool CudaBackend::adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* co
                               const float* logits, const TokenPick* pick) {
   if (!ahead_.active) return false;
   bool same = pos0 == ahead_.pos0 && token == ahead_.token && !logits && pick && pick->top_k == 0 &&
-              pick->n_pen == 0 && !recurrent && std::equal(caches.begin(), caches.end(), ahead_.caches.begin(),
-                                                               ahead_.caches.end());
+              pick->n_pen == 0 && recurrent == ahead_.recurrent &&
+              std::equal(caches.begin(), caches.end(), ahead_.caches.begin(), ahead_.caches.end());
   for (size_t i = 0; same && i < ahead_.pending.size(); ++i) {
     const Pending& pd = ahead_.pending[i];
     same = pd.cache->rows() == pos0 && pd.mirror->current(*pd.cache);
   }
+  // Each recurrent layer's state is still the one the step ahead read: the step before it
+  // landed there (its copy became current) and the host has not changed it since.
+  RecurrentMirror* rm = nullptr;
+  if (same && recurrent) {
+    auto it = rec_mirrors_.find(recurrent);
+    same = it != rec_mirrors_.end();
+    if (same) rm = it->second.get();
+  }
+  for (size_t i = 0; same && i < ahead_.rec_from.size(); ++i)
+    same = rm->holds_newest(*recurrent, ahead_.rec_from[i].first, ahead_.rec_from[i].second);
   if (!same) {
     cancel_ahead();
     return false;
@@ -1279,6 +1289,10 @@ bool CudaBackend::adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* co
   n_tok_ = 1;
   pos0_ = pos0;
   staging_used_ = staging_landed_ = ahead_.staging_end;  // the replay copies every layer's rows back itself
+  for (const auto& [il, from] : ahead_.rec_from) {
+    rm->running(il);
+    pending_rec_.push_back({recurrent, rm, il, true});
+  }
   ahead_ = {};
   ++n_ahead_;
   return true;
@@ -1323,9 +1337,12 @@ void CudaBackend::finish_step(int parity, int pick_k, bool logits) {
 // nothing must wait or grow under the running step (its mirrors have room for its row, the
 // attention scratch is big enough, its graph was captured before); else the next call runs
 // its step the usual way.
-bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches) {
+bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, RecurrentState* recurrent) {
   const Hparams& hp = m_.hp;
   if (!embed_in_graph() || pos1 > INT32_MAX || stage_half_ == 0) return false;
+  // A snapshot after the step would be copied out after its replay, by the host (run_token).
+  if (recurrent && recurrent->wants_snapshot(pos1 + 1, pos1, pos1 + 1)) return false;
+  std::vector<std::pair<int64_t, int>> rec_from;
   const int parity = static_cast<int>(pos1 & 1);
   const int64_t max_keys = token_key_bound(pos1);
   std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
@@ -1334,9 +1351,18 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches) {
   const int ev0 = parity * copy_groups_;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    if (p.recurrent != RecurrentKind::kNone) {  // the copy the step in flight writes, into the one it reads
+      auto rit = recurrent ? rec_mirrors_.find(recurrent) : rec_mirrors_.end();
+      if (rit == rec_mirrors_.end() || !rit->second->has(il)) return false;
+      LayerRun& r = runs[static_cast<size_t>(il)];
+      r.rec = rit->second.get();
+      r.rec_from = 1 - r.rec->half(il);
+      rec_from.emplace_back(il, r.rec_from);
+      continue;
+    }
     KvCache& cache = *caches[static_cast<size_t>(il)];
     auto it = mirrors_.find(&cache);
-    if (p.recurrent != RecurrentKind::kNone || it == mirrors_.end()) return false;
+    if (it == mirrors_.end()) return false;
     KvMirror& mirror = *it->second.mirror;
     // The mirror holds the cache's rows; the step in flight writes row pos1 - 1, this one pos1.
     if (cache.rows() != pos1 - 1 || mirror.seq_len() != pos1 - 1 || mirror.capacity() < pos1 + 1) return false;
@@ -1364,6 +1390,8 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches) {
   ahead_.caches.assign(caches.begin(), caches.end());
   ahead_.pending = std::move(pending);
   ahead_.staging_end = used;
+  ahead_.recurrent = recurrent;
+  ahead_.rec_from = std::move(rec_from);
   return true;
 }
 
@@ -1397,6 +1425,7 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
           RecurrentMirror& rm = ready_recurrent(*recurrent);
           rm.prepare(*recurrent, il, stream_);  // a stale copy is uploaded here, before the replay
           runs[static_cast<size_t>(il)].rec = &rm;
+          runs[static_cast<size_t>(il)].rec_from = rm.half(il);
           continue;
         }
         KvCache& cache = *caches[static_cast<size_t>(il)];
@@ -1432,7 +1461,7 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
           r.pd.event = pending_.back().event = parity * copy_groups_ + n_kv++ / kGraphCopyLayers;
         } else {
           r.rec->running(il);
-          pending_rec_.push_back({recurrent, r.rec, il});
+          pending_rec_.push_back({recurrent, r.rec, il, true});
         }
       }
       ensure_copy_events(static_cast<size_t>(2 * copy_groups_));
@@ -1458,15 +1487,16 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       // position): copied out after the replay, so the graph never depends on the position.
       if (recurrent && recurrent->wants_snapshot(pos0 + 1, pos0, pos0 + 1))
         for (int64_t il = 0; il < hp.n_layer; ++il)
-          if (RecurrentMirror* rm = runs[static_cast<size_t>(il)].rec) stage_snapshot(*recurrent, *rm, il, pos0 + 1);
+          if (const LayerRun& r = runs[static_cast<size_t>(il)]; r.rec)
+            stage_snapshot(*recurrent, *r.rec, il, pos0 + 1, 1 - r.rec_from);
       finish_step(parity, pick_k, logits != nullptr);
     }
     // The next step, enqueued before this one's wait, so the device runs it while the host
     // lands this one's rows and the caller takes its token: where the device's pick is the
-    // token (greedy, no penalties) and no recurrent state would run ahead of the host's.
-    if (pick_k == 0 && pick->n_pen == 0 && !recurrent && !hooks_.no_step_ahead && !hooks_.trust_stale_mirror) {
+    // token (greedy, no penalties).
+    if (pick_k == 0 && pick->n_pen == 0 && !hooks_.no_step_ahead && !hooks_.trust_stale_mirror) {
       const Clock::time_point t = Clock::now();
-      if (launch_ahead(pos0 + 1, caches)) {
+      if (launch_ahead(pos0 + 1, caches, recurrent)) {
         t_launch = t;
         t_launched = Clock::now();
       }

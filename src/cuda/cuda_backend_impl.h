@@ -90,18 +90,21 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
     int event = -1;       // copied early (copy_back_early): its copy's event in copy_events_
   };
   // What a token graph runs for one layer: an attention layer's mirror and staging, or a
-  // recurrent layer's state mirror.
+  // recurrent layer's state mirror, read from copy rec_from and written to the other.
   struct LayerRun {
     KvMirror* kv = nullptr;
     Pending pd{};
     RecurrentMirror* rec = nullptr;
+    int rec_from = 0;
   };
-  // Recurrent work enqueued and not yet landed (flush tells the state the device is ahead),
-  // and snapshots on their way to the host (saved into the state at flush).
+  // Recurrent work enqueued and not yet landed (flush tells the state the device is ahead;
+  // flip: the work wrote the mirror's other copy), and snapshots on their way to the host
+  // (saved into the state at flush).
   struct PendingRec {
     RecurrentState* state;
     RecurrentMirror* mirror;
     int64_t layer;
+    bool flip;
   };
   struct PendingSnap {
     RecurrentState* state;
@@ -121,8 +124,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
   // Gated delta net layer il on the batch, its recurrence cut at the batch-relative segment
   // ends `ends` (ascending, the last n_tok_); when snap is set, the state after each end
-  // the state wants a snapshot of is copied out (stage_snapshot).
-  void enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends, RecurrentState* snap);
+  // the state wants a snapshot of is copied out (stage_snapshot). The state is read from the
+  // mirror's copy `from` and written to copy `to` (another only with one segment).
+  void enqueue_delta_net(int64_t il, RecurrentMirror& rm, int from, int to, std::span<const int64_t> ends,
+                         RecurrentState* snap);
   // x = x + proj(branch) (+ sandwich norm), x = x + ffn(ffn_norm(x)): the tail of a layer.
   // branch_q8: act_ already holds branch as proj reads it (Q8_0 blocks: MatmulParams::x_prepared).
   // branch_glu: branch is this GLU's output, computed in proj's launch (MatmulParams::pre_glu).
@@ -132,7 +137,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
                             const GluParams* branch_glu = nullptr);
   // The sequence's recurrent mirror (made on first use; the state is linked to this backend).
   RecurrentMirror& ready_recurrent(RecurrentState& s);
-  void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos);
+  // Copy `half` of layer il's state, as it stands after the work enqueued so far, on its way
+  // to the state's snapshot at pos.
+  void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos, int half);
   void clear_pending();  // a failed batch's bookkeeping, forgotten
   void enqueue_head(int64_t first, int64_t n);
   // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k. parity: the position's, which
@@ -190,7 +197,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   bool adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* const> caches, RecurrentState* recurrent,
                    const float* logits, const TokenPick* pick);
   void cancel_ahead();
-  bool launch_ahead(int64_t pos1, std::span<KvCache* const> caches);
+  bool launch_ahead(int64_t pos1, std::span<KvCache* const> caches, RecurrentState* recurrent);
 
   const Model& m_;
   DeviceHooks hooks_;
@@ -255,6 +262,11 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // it. H200, tg128, one call, two rounds against steps run when asked (and the host's x):
   // 8B Q4_0 527.9 / 525.5 -> 533.0 / 532.7 t/s, qwen3-30b-a3b Q4_0 524.4 / 520.5 -> 529.5 /
   // 530.2; the host's part of a step 0.03-0.04 ms -> 0.01.
+  // A hybrid's step ahead reads each recurrent layer's state from the copy the step in flight
+  // writes and writes the copy that is current until then (RecurrentMirror), so dropping it
+  // leaves the state as it was. qwen3-next-80b-a3b Q4_K_M, 8 layers, tg128 (H200, one call,
+  // two rounds): 1848.5 / 1821.4 -> 1886.3 / 1892.4 t/s, host ms a call 0.516 / 0.522 ->
+  // 0.502 / 0.502 (graph 0.489-0.492 either way).
   struct AheadStep {
     bool active = false;
     int64_t pos0 = 0;
@@ -262,6 +274,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
     std::vector<KvCache*> caches;
     std::vector<Pending> pending;
     size_t staging_end = 0;
+    RecurrentState* recurrent = nullptr;
+    std::vector<std::pair<int64_t, int>> rec_from;  // (recurrent layer, the copy it read)
   };
   AheadStep ahead_;
   int64_t n_ahead_ = 0;

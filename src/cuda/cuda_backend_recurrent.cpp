@@ -4,13 +4,14 @@
 // Gated delta nets (hybrids): a recurrent layer is ONE submission too (norm, projections,
 // gates, conv, the delta rule, gated norm, output projection, residual, FFN), enqueued on the
 // same stream, so a run of recurrent layers and the attention layers between them costs no
-// wait. The sequence's recurrent state lives in a RecurrentMirror that the kernels update in
-// place: nothing crosses to the host per token, the device is left AHEAD of the host's
+// wait. The sequence's recurrent state lives in a RecurrentMirror that the kernels update:
+// nothing crosses to the host per token, the device is left AHEAD of the host's
 // RecurrentState (told at the wait, flush()), and the state pulls from here whenever the host
 // reads it (RecurrentDeviceLink::pull). Snapshots the state wants are copied to pinned
-// staging at their segment ends and saved into the state at flush(). In a token graph the
-// recurrent layers read and write the mirror's fixed addresses (part of the graph key), so
-// replays need nothing new; a snapshot after the token is copied out after the replay.
+// staging at their segment ends and saved into the state at flush(). Batches update the
+// mirror's current copy in place; in a token graph the recurrent layers read one of its two
+// copies and write the other (fixed addresses, part of the graph key, so replays need nothing
+// new), and a snapshot after the token is copied out after the replay.
 #include <cmath>
 #include <span>
 #include <vector>
@@ -36,12 +37,12 @@ void CudaBackend::run_recurrent_layer(int64_t il, RecurrentState& state) {
   for (int64_t pos = pos0_ + 1; pos <= pos0_ + n_tok_; ++pos)
     if (pos == pos0_ + n_tok_ || state.wants_snapshot(pos, pos0_, pos0_ + n_tok_)) ends.push_back(pos - pos0_);
   rm.running(il);  // before the first launch: a throw below leaves the copy untrusted
-  pending_rec_.push_back({&state, &rm, il});
-  enqueue_delta_net(il, rm, ends, &state);
+  pending_rec_.push_back({&state, &rm, il, false});
+  enqueue_delta_net(il, rm, rm.half(il), rm.half(il), ends, &state);
 }
 
 // The host's delta_net_layer (cpu/recurrent_layer.cpp) step by step, every step on the device.
-void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<const int64_t> ends,
+void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, int from, int to, std::span<const int64_t> ends,
                                     RecurrentState* snap) {
   const Hparams& hp = m_.hp;
   const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
@@ -49,7 +50,8 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
   const SsmPlan& sp = p.ssm;
   const int64_t E = hp.n_embd, n = n_tok_, C = sp.conv_channels(), dh = sp.d_state;
   const int64_t nk = sp.n_group, nv = sp.n_v_head, V = sp.d_inner;
-  FRINK_ASSERT(!ends.empty() && ends.back() == n, "segments must end at the batch end");
+  FRINK_ASSERT(!ends.empty() && ends.back() == n && (from == to || ends.size() == 1),
+               "segments must end at the batch end, and read the state they write");
 
   // h = rms(x) * attn_norm; qkv = attn_qkv h; z = attn_gate h; beta, alpha = ssm_ba h (or ssm_beta h, ssm_alpha h)
   // The norm runs as the products' producer (MatmulParams::pre_norm): where they read dp4a
@@ -96,7 +98,8 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
     cp.width = sp.d_conv;
     cp.w = d.ssm_conv1d;
     cp.bias = d.ssm_conv1d_b;
-    cp.state = rm.conv(il);
+    cp.state = rm.conv(il, from);
+    if (to != from) cp.state_out = rm.conv(il, to);
     cp.stream = stream_;
     L2NormParams lp;
     lp.x = gdn_conv_.f() + b * C;
@@ -122,7 +125,8 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
     dp.g = gdn_g_.f() + b * nv;
     dp.out = gdn_o_.f() + b * V;
     dp.out_stride = V;
-    dp.state = rm.ssm(il);
+    dp.state = rm.ssm(il, from);
+    if (to != from) dp.state_out = rm.ssm(il, to);
     dp.n_tok = e - b;
     dp.n_v_head = nv;
     dp.n_k_head = nk;
@@ -131,7 +135,7 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
     dp.q_scale = 1.0f / std::sqrt(static_cast<float>(dh));
     dp.stream = stream_;
     launch_delta_rule(dp);
-    if (snap && snap->wants_snapshot(pos0_ + e, pos0_, pos0_ + n)) stage_snapshot(*snap, rm, il, pos0_ + e);
+    if (snap && snap->wants_snapshot(pos0_ + e, pos0_, pos0_ + n)) stage_snapshot(*snap, rm, il, pos0_ + e, to);
     b = e;
   }
 
@@ -158,17 +162,17 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, std::span<c
   enqueue_residual_ffn(il, p, d, d.ssm_out, gdn_o_.f(), V, false, &g);
 }
 
-void CudaBackend::stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos) {
+void CudaBackend::stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos, int half) {
   const RecurrentState::LayerShape shape = s.shape(il);
   const size_t conv_n = static_cast<size_t>(shape.conv), ssm_n = static_cast<size_t>(shape.ssm);
   FRINK_ASSERT(snap_used_ + conv_n + ssm_n <= snap_staging_.floats(), "snapshot staging too small");
   const PendingSnap ps{&s, pos, il, snap_used_, snap_used_ + conv_n};
   // Stream-ordered: the copies read the state as it stands after this segment's kernels.
   if (conv_n > 0)
-    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_.f() + ps.conv_off, rm.conv(il), conv_n * sizeof(float),
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_.f() + ps.conv_off, rm.conv(il, half), conv_n * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
   if (ssm_n > 0)
-    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_.f() + ps.ssm_off, rm.ssm(il), ssm_n * sizeof(float),
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(snap_staging_.f() + ps.ssm_off, rm.ssm(il, half), ssm_n * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
   snap_used_ += conv_n + ssm_n;
   pending_snaps_.push_back(ps);
@@ -204,6 +208,7 @@ void CudaBackend::forget(const RecurrentState& s) noexcept {
   auto it = rec_mirrors_.find(const_cast<RecurrentState*>(&s));
   if (it == rec_mirrors_.end()) return;
   cudaStreamSynchronize(stream_);  // no queued work may still write the buffers freed below
+  if (ahead_.recurrent == &s) ahead_ = {};  // a step ahead on its state: dropped (the sync above waited for it)
   std::erase_if(pending_rec_, [&](const PendingRec& pr) { return pr.state == &s; });
   std::erase_if(pending_snaps_, [&](const PendingSnap& ps) { return ps.state == &s; });
   rec_mirrors_.erase(it);

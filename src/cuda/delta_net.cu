@@ -67,10 +67,11 @@ __device__ __forceinline__ float conv_one(const ConvParams& p, int64_t t, int64_
 // The state of channel c becomes inputs [n_tok - (width - 1), n_tok). Row r reads input
 // n_tok - (width-1) + r, which (when negative) is old state row n_tok + r > r: rows are written
 // in ascending order by the channel's one thread, so every old row is read before it is
-// overwritten.
+// overwritten (in place; state_out is another buffer).
 __device__ __forceinline__ void conv_state_one(const ConvParams& p, int64_t c) {
   const int64_t k1 = p.width - 1;
-  for (int64_t r = 0; r < k1; ++r) p.state[r * p.channels + c] = conv_input(p, p.n_tok - k1 + r, c);
+  float* out = p.state_out ? p.state_out : p.state;
+  for (int64_t r = 0; r < k1; ++r) out[r * p.channels + c] = conv_input(p, p.n_tok - k1 + r, c);
 }
 
 __global__ void conv_kernel(ConvParams p) {
@@ -219,9 +220,10 @@ __global__ void __launch_bounds__(512) delta_rule_kernel(DeltaRuleParams p) {
       p.out[t * p.out_stride + hv * d + j] = o;
     }
   }
+  float* const S_out = p.state_out ? p.state_out + hv * d * d : S;
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
-    if (col && i0 + r < d) S[(i0 + r) * d + j] = s[r];
+    if (col && i0 + r < d) S_out[(i0 + r) * d + j] = s[r];
 }
 
 // ---- the chunked (WY/UT) form, for prefill ------------------------------------------------
@@ -431,9 +433,10 @@ __global__ void __launch_bounds__(kChunkThreads) delta_chunk_kernel(DeltaRulePar
     }
     __syncthreads();  // before the next chunk overwrites the inputs and reads Ss
   }
+  float* const S_out = p.state_out ? p.state_out + hv * p.d * p.d : S;
   for (int e = tid; e < dp * kChunkCols; e += T) {
     const int64_t i = e / kChunkCols, j = col0 + e % kChunkCols;
-    if (i < d && j < d) S[i * d + j] = Ss[e];
+    if (i < d && j < d) S_out[i * d + j] = Ss[e];
   }
 }
 

@@ -5,9 +5,11 @@
 // z as the gate and its up norm, GluParams::up_norm_w, run by ssm_out's producer:
 // MatmulParams::pre_glu) and the FFN tail are the shared kernels.
 //
-// Every step reads and writes the layer's state in place in device memory (the sequence's
-// recurrent mirror), and no launch depends on a host value that changes from token to token,
-// so the steps fit a captured token graph that is replayed every decode step.
+// Every step reads the layer's state in device memory (the sequence's recurrent mirror) and
+// writes the new one in place, or into the mirror's other copy (state_out: a token graph's
+// step, which a step run ahead must be able to drop), and no launch depends on a host value
+// that changes from token to token, so the steps fit a captured token graph that is replayed
+// every decode step.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +57,7 @@ struct ConvParams {
   const float* w = nullptr;     // [channels][width], oldest input's tap first
   const float* bias = nullptr;  // [channels] or null
   float* state = nullptr;       // [width - 1][channels], oldest first; updated
+  float* state_out = nullptr;   // or, when set, the new state goes here (state only read)
   cudaStream_t stream = nullptr;
 };
 void launch_conv1d_silu(const ConvParams& p);
@@ -98,6 +101,7 @@ struct DeltaRuleParams {
   float* out = nullptr;         // [n_tok][out_stride]: value head hv at hv * d
   int64_t out_stride = 0;
   float* state = nullptr;       // [n_v_head][d][d], updated
+  float* state_out = nullptr;   // or, when set, the new state goes here (state only read)
   int64_t n_tok = 0, n_v_head = 0, n_k_head = 0, d = 0;
   // Which key head value head hv reads: hv % n_k_head when tiled, else hv / (n_v_head / n_k_head)
   // (SsmPlan::kv_head_tiled).

@@ -216,8 +216,7 @@ DeviceWeights::DeviceWeights(const Model& m, bool stack_shared) {
     if (hp.norm != NormKind::kLayer) output_norm.b = nullptr;
     output = linear(m.w.output);
     bool embed = !hp.embd_norm && m.w.tok_embd && matmul_supported(static_cast<int>(m.w.tok_embd->type));
-    for (int64_t il = 0; il < hp.n_layer && embed; ++il)
-      embed = hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone && device_refusal(m, il) == Refusal::kNone;
+    for (int64_t il = 0; il < hp.n_layer && embed; ++il) embed = device_refusal(m, il) == Refusal::kNone;
     if (embed) token_embd = linear(Linear{.w = m.w.tok_embd});
   }
   if (m.w.rope_freqs) {

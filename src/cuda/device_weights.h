@@ -92,7 +92,7 @@ class DeviceWeights {
   DeviceLinear output;
   // The token embedding, whose row a token graph's first kernel takes (a decode step run one
   // ahead knows its token only here: CudaBackend::run_token): uploaded where every layer and
-  // the head run here, no layer is recurrent and no norm follows the embedding; else null.
+  // the head run here and no norm follows the embedding; else null.
   // A tied head's upload serves both.
   DeviceLinear token_embd;
   const float* rope_freqs = nullptr;

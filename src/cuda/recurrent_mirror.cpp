@@ -21,7 +21,7 @@ RecurrentMirror::RecurrentMirror(const RecurrentState& s, const std::vector<bool
     ly.ssm_off = floats_ + static_cast<size_t>(shape.conv);
     floats_ += static_cast<size_t>(shape.conv + shape.ssm);
   }
-  if (floats_ > 0) FRINK_CUDA_CHECK(cudaMalloc(&buf_, floats_ * sizeof(float)));
+  if (floats_ > 0) FRINK_CUDA_CHECK(cudaMalloc(&buf_, 2 * floats_ * sizeof(float)));
 }
 
 RecurrentMirror::~RecurrentMirror() {
@@ -53,11 +53,17 @@ void RecurrentMirror::prepare(const RecurrentState& s, int64_t layer, cudaStream
 
 void RecurrentMirror::running(int64_t layer) { layers_[static_cast<size_t>(layer)].trusted = false; }
 
-void RecurrentMirror::landed(RecurrentState& s, int64_t layer) {
+void RecurrentMirror::landed(RecurrentState& s, int64_t layer, bool flip) {
   Layer& ly = layers_[static_cast<size_t>(layer)];
+  if (flip) ly.half ^= 1;
   ly.trusted = true;
   ly.stamp = s.stamp(layer);
   s.set_device_ahead(layer);
+}
+
+bool RecurrentMirror::holds_newest(const RecurrentState& s, int64_t layer, int h) const {
+  const Layer& ly = layers_[static_cast<size_t>(layer)];
+  return ly.held && ly.half == h && ly.trusted && ly.stamp == s.stamp(layer);
 }
 
 void RecurrentMirror::pull(int64_t layer, float* conv_out, float* ssm_out, cudaStream_t stream) {

@@ -8,6 +8,12 @@
 // is AHEAD for it (set_device_ahead), and any host access pulls it from here first (the
 // state's rule, which is why no host reader needs to know about this class).
 //
+// Two copies a layer: the current one, and another that a token graph writes the next state
+// into (CudaBackend::run_token), current once that step has landed (landed with flip). Why:
+// a decode step enqueued ahead of its call reads the state the step before it writes and
+// must leave the current one as it was, since it may be dropped (a stop token, another
+// sequence, a rewind). Batches run layer by layer update the current copy in place.
+//
 // Staleness: before device work on a layer the copy is trusted only when the layer is ahead
 // (then this copy IS the newest) or the copy was made from the host's present stamp();
 // otherwise the host's state is uploaded whole. Between enqueueing work on a layer and its
@@ -35,9 +41,13 @@ class RecurrentMirror {
   RecurrentMirror& operator=(const RecurrentMirror&) = delete;
 
   bool has(int64_t layer) const { return layers_[static_cast<size_t>(layer)].held; }
-  float* conv(int64_t layer) { return buf_ + layers_[static_cast<size_t>(layer)].conv_off; }
-  float* ssm(int64_t layer) { return buf_ + layers_[static_cast<size_t>(layer)].ssm_off; }
-  size_t bytes() const { return floats_ * sizeof(float); }
+  // Which of the layer's two copies is current (0 or 1), and each copy's buffers.
+  int half(int64_t layer) const { return layers_[static_cast<size_t>(layer)].half; }
+  float* conv(int64_t layer, int h) { return buf_ + static_cast<size_t>(h) * floats_ + layers_[static_cast<size_t>(layer)].conv_off; }
+  float* ssm(int64_t layer, int h) { return buf_ + static_cast<size_t>(h) * floats_ + layers_[static_cast<size_t>(layer)].ssm_off; }
+  float* conv(int64_t layer) { return conv(layer, half(layer)); }
+  float* ssm(int64_t layer) { return ssm(layer, half(layer)); }
+  size_t bytes() const { return 2 * floats_ * sizeof(float); }
   int64_t n_uploads() const { return n_uploads_; }  // layer uploads so far (tests, logs)
 
   // Before device work on layer: uploads the host's state unless this copy is current.
@@ -45,7 +55,11 @@ class RecurrentMirror {
   // Device work on layer is enqueued: the copy matches no stamp until landed().
   void running(int64_t layer);
   // That work finished (the stream was waited for): the state learns the device is ahead.
-  void landed(RecurrentState& s, int64_t layer);
+  // flip: the work wrote the other copy, which is now the current one.
+  void landed(RecurrentState& s, int64_t layer, bool flip);
+  // Whether copy h of the layer holds the host's newest state: current, trusted, and no host
+  // change since it was made or landed (a step enqueued ahead from copy h is still right).
+  bool holds_newest(const RecurrentState& s, int64_t layer, int h) const;
   // Copies layer's device state into host conv / ssm, waiting for the stream first.
   void pull(int64_t layer, float* conv, float* ssm, cudaStream_t stream);
 
@@ -56,8 +70,9 @@ class RecurrentMirror {
     int64_t conv_n = 0, ssm_n = 0;
     bool trusted = false;  // equals the host state at `stamp` (or is ahead of it)
     uint64_t stamp = 0;
+    int half = 0;          // the current copy
   };
-  float* buf_ = nullptr;
+  float* buf_ = nullptr;  // two copies of floats_ each
   size_t floats_ = 0;
   std::vector<Layer> layers_;
   int64_t n_uploads_ = 0;

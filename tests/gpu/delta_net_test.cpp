@@ -145,6 +145,15 @@ TEST_P(DeltaRuleKernel, MatchesHostRecurrence) {
     const std::vector<float> got_out = out.get(), got_state = state.get();
     EXPECT_LT(nmse(got_out.data(), ref_out.data(), n_out), 1e-10);
     EXPECT_LT(nmse(got_state.data(), ref_state.data(), ref_state.size()), 1e-10);
+    if (cut == c.n_tok) {  // the new state into another buffer (a token graph's): the same bits, the old one kept
+      Dev<float> state2(in.state), next(in.state.size()), out2(n_out);
+      cuda::DeltaRuleParams p = rule_params(c, in, qkv, beta, g, out2, state2, 0, c.n_tok);
+      p.state_out = next.p;
+      cuda::launch_delta_rule(p);
+      EXPECT_EQ(out2.get(), got_out);
+      EXPECT_EQ(next.get(), got_state);
+      EXPECT_EQ(state2.get(), in.state);
+    }
   }
 }
 
@@ -223,6 +232,15 @@ TEST_P(DeltaRuleChunked, MatchesBothRecurrences) {
   if (!chunked) {
     EXPECT_TRUE(got_out == rec_out && got_state == rec_state) << "the recurrent path changed";
   }
+  {  // the new state into another buffer: the same bits, the old one kept
+    Dev<float> out2(n_out), state2(in.state), next(in.state.size());
+    cuda::DeltaRuleParams p2 = rule_params(c, in, qkv, beta, g, out2, state2, 0, c.n_tok);
+    p2.state_out = next.p;
+    cuda::launch_delta_rule(p2);
+    EXPECT_EQ(out2.get(), got_out);
+    EXPECT_EQ(next.get(), got_state);
+    EXPECT_EQ(state2.get(), in.state);
+  }
 
   const int64_t cut = cuda::kDeltaChunkMinTokens;
   if (c.n_tok > cut) {
@@ -295,6 +313,15 @@ TEST_P(ConvKernel, MatchesHostConvolution) {
   const std::vector<float> got = dy.get(), got_state = dstate.get();
   EXPECT_LT(nmse(got.data(), ref.data(), ref.size()), 1e-12);  // one sum of K products, then SiLU
   EXPECT_EQ(got_state, ref_state);
+  // The new state into another buffer (a token graph's): the same outputs, the old state kept.
+  Dev<float> dstate2(state0), dnext(state0.size()), dy2(static_cast<size_t>(n * C));
+  p.state = dstate2.p;
+  p.state_out = dnext.p;
+  p.y = dy2.p;
+  cuda::launch_conv1d_silu(p);
+  EXPECT_EQ(dy2.get(), got);
+  EXPECT_EQ(dnext.get(), ref_state);
+  EXPECT_EQ(dstate2.get(), state0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, ConvKernel,
@@ -377,7 +404,8 @@ TEST(DeltaNetKernels, GatesMatchHost) {
 
 // A decode token's gates, convolution (state included) and q/k l2 norm in one launch
 // (launch_delta_decode_prep) equal the three launches bit for bit: head widths that are and
-// are not a warp multiple, conv widths 4 and 1 (no state), fused and split gates, a bias.
+// are not a warp multiple, conv widths 4 and 1 (no state), fused and split gates, a bias;
+// also with the new state written to another buffer (a token graph's), the old one kept.
 TEST(DeltaNetKernels, DecodePrepEqualsThreeLaunches) {
   FRINK_REQUIRE_GPU();
   struct Case {
@@ -395,8 +423,9 @@ TEST(DeltaNetKernels, DecodePrepEqualsThreeLaunches) {
     const std::vector<float> dt = uniform(rng, static_cast<size_t>(k.nv), -1.0f, 1.0f);
     const std::vector<float> a = uniform(rng, static_cast<size_t>(k.nv), -3.0f, -0.1f);
     Dev<float> dx(x), dw(w), db(bias), dba(ba), ddt(dt), da(a);
-    const auto run = [&](bool one) {
+    const auto run = [&](bool one, bool other) {  // other: the new state into another buffer
       Dev<float> dstate(state0), dy(static_cast<size_t>(C)), dbeta(static_cast<size_t>(k.nv)), dg(static_cast<size_t>(k.nv));
+      Dev<float> dnext(state0.size());
       cuda::ConvParams cp;
       cp.x = dx.p;
       cp.x_stride = stride;
@@ -408,6 +437,7 @@ TEST(DeltaNetKernels, DecodePrepEqualsThreeLaunches) {
       cp.w = dw.p;
       cp.bias = k.bias ? db.p : nullptr;
       cp.state = dstate.p;
+      if (other) cp.state_out = dnext.p;
       cuda::L2NormParams lp;
       lp.x = dy.p;
       lp.x_stride = C;
@@ -433,9 +463,16 @@ TEST(DeltaNetKernels, DecodePrepEqualsThreeLaunches) {
         cuda::launch_conv1d_silu(cp);
         cuda::launch_l2_norm(lp);
       }
-      return std::vector<std::vector<float>>{dy.get(), dstate.get(), dbeta.get(), dg.get()};
+      if (other) {
+        EXPECT_EQ(dstate.get(), state0) << "the old state, d " << k.d;
+      }
+      return std::vector<std::vector<float>>{dy.get(), (other ? dnext : dstate).get(), dbeta.get(), dg.get()};
     };
-    const auto three = run(false), one = run(true);
+    const auto three = run(false, false), one = run(true, false), one_other = run(true, true);
+    for (size_t i = 0; i < one.size(); ++i)  // width 1 keeps no state (its buffers are placeholders)
+      if (i != 1 || k.width > 1) {
+        EXPECT_EQ(one_other[i], one[i]) << "the new state into another buffer, part " << i;
+      }
     EXPECT_EQ(one[0], three[0]) << "outputs, d " << k.d;
     EXPECT_EQ(one[1], three[1]) << "state, d " << k.d;
     EXPECT_EQ(one[2], three[2]) << "beta, d " << k.d;
@@ -540,6 +577,73 @@ TEST(HybridDevice, GraphReplayEqualsLayerByLayerBitForBit) {
     EXPECT_EQ(a.whole_token_steps, 300);
     EXPECT_EQ(b.whole_token_steps, 0);
     EXPECT_TRUE(a.logits == b.logits) << "graph replay differs from layer by layer";
+  }
+}
+
+// Greedy decode steps enqueued one ahead (CudaBackend::run_token) on a hybrid: the step ahead
+// reads the state copy the step before it writes and writes the other (RecurrentMirror), so
+// dropping it must leave the state as it was. Bit for bit against steps run when asked,
+// through what must drop a step ahead: the caller's own token, a rewind (a snapshot restored,
+// tokens replayed as a batch), a logits step, the state assigned from a copy (new stamps),
+// two sequences taking turns; and across position 256, whose snapshot (snapshot_interval)
+// keeps the step before it from running ahead.
+TEST(HybridDevice, StepsRunAheadEqualStepsRunWhenAsked) {
+  FRINK_REQUIRE_GPU();
+  for (const auto& [name, path] : hybrid_models()) {
+    SCOPED_TRACE(name);
+    const auto m = load_model(path);
+    const int64_t V = m->hp.n_vocab;
+    struct Out {
+      std::vector<int32_t> tokens;
+      std::vector<float> logits;
+      int64_t ahead = 0, steps = 0;
+    };
+    const auto run = [&](bool step_ahead) {
+      DecoderOptions o = opts(DeviceChoice::kCuda);
+      o.hooks.no_step_ahead = !step_ahead;
+      Decoder dec(*m, o);
+      Sampler greedy(SamplerParams{.temp = 0.0f}, static_cast<int>(V));
+      Session a(*m, 0), b(*m, 0);
+      Out r;
+      std::vector<float> logits;
+      dec.eval(a, prompt_for(*m, 230), false, logits);
+      int32_t t = greedy_token(logits.data(), V);
+      const auto steps = [&](Session& s, int n) {
+        for (int i = 0; i < n; ++i) r.tokens.push_back(t = dec.eval_next(s, t, greedy));
+      };
+      steps(a, 40);  // positions 230..269: the snapshot at 256
+      t = (t + 1) % V;  // the caller's own token, not the pick
+      steps(a, 3);
+      rewind_session(dec, a, a.n_past() - 3);  // back to the snapshot at 256, the rest replayed
+      steps(a, 4);
+      dec.eval(a, {t}, false, logits);  // a logits step (a new batch)
+      r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+      t = greedy_token(logits.data(), V);
+      steps(a, 3);
+      const Session saved = a;  // a copy pulls the state; assigning it back makes every copy stale
+      a = saved;
+      steps(a, 3);
+      dec.eval(b, {3, 1, 4, 1, 5}, false, logits);
+      int32_t tb = greedy_token(logits.data(), V);
+      for (int i = 0; i < 4; ++i) {  // two sequences taking turns: each call drops the other's step
+        steps(a, 1);
+        r.tokens.push_back(tb = dec.eval_next(b, tb, greedy));
+      }
+      steps(a, 6);
+      r.ahead = dec.steps_run_ahead();
+      r.steps = dec.whole_token_steps();
+      return r;
+    };
+    const Out ahead = run(true), asked = run(false);
+    std::printf("[gpu] %-16s %lld of %lld steps ran ahead\n", name.c_str(), static_cast<long long>(ahead.ahead),
+                static_cast<long long>(ahead.steps));
+    EXPECT_EQ(ahead.tokens, asked.tokens);
+    EXPECT_EQ(ahead.logits, asked.logits);
+    EXPECT_EQ(asked.ahead, 0);
+    EXPECT_EQ(ahead.steps, asked.steps);
+    // Of the 40 + 3 + 4 + 3 + 3 + 4 + 6 greedy steps on a, those after a drop, after the
+    // snapshot, or capturing a new graph key run when asked: more than 30 remain.
+    EXPECT_GT(ahead.ahead, 30);
   }
 }
 
