@@ -82,7 +82,7 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialised");
   if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
   FRINK_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int32_t)));
-  FRINK_CUDA_CHECK(cudaMallocHost(&pos_host_, 4 * sizeof(int32_t)));  // positions and tokens, a slot a parity
+  FRINK_CUDA_CHECK(cudaMallocHost(&pos_host_, 2 * sizeof(int32_t)));
   FRINK_CUDA_CHECK(cudaMalloc(&pick_dev_, sizeof(PickDev)));
   FRINK_CUDA_CHECK(cudaMallocHost(&pick_host_, sizeof(PickDev)));
   FRINK_CUDA_CHECK(cudaMalloc(&pick_ids_dev_, kPickMaxTopK * sizeof(int32_t)));
@@ -563,8 +563,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   // Every batch that ran device work ended with a wait, so no earlier copy still reads
   // pos_host_; one that ran none only left a copy of a value nobody read.
   FRINK_ASSERT(pos0 <= INT32_MAX, "position {} past the device's 32-bit positions", pos0);
-  pos_host_[3] = static_cast<int32_t>(pos0);
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_ + 3, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  pos_host_[1] = static_cast<int32_t>(pos0);
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_ + 1, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
 }
 
 void CudaBackend::upload(const float* x) {
@@ -1137,8 +1137,8 @@ void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
 }
 
 std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k,
-                                              int parity) const {
-  std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1), static_cast<uintptr_t>(parity)};
+                                              bool penalties, int parity) const {
+  std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1), penalties, static_cast<uintptr_t>(parity)};
   for (const DevBuf* b : {&act_, &fold_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
                           &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_})
@@ -1159,7 +1159,7 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, in
   return key;
 }
 
-cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k) {
+cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, bool penalties) {
   // ThreadLocal: only this thread's calls are checked for capture safety (the host thread
   // pool never touches CUDA).
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -1196,9 +1196,11 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
     }
     enqueue_head(0, 1);
     if (pick_k >= 0) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k
-      launch_penalties(logits_.f(), pick_dev_, stream_);
+      if (penalties) launch_penalties(logits_.f(), pick_dev_, stream_);
+      // The argmax advances the position for the step it feeds (a step ahead's; any other
+      // step copies its own position first).
       if (pick_k == 0)
-        launch_argmax(logits_.f(), m_.hp.n_vocab, pick_scratch_.p, pick_ids_dev_, stream_);
+        launch_argmax(logits_.f(), m_.hp.n_vocab, pick_scratch_.p, pick_ids_dev_, stream_, pos_dev_);
       else
         launch_topk(logits_.f(), m_.hp.n_vocab, pick_k, pick_scratch_.p, pick_ids_dev_, pick_vals_dev_, stream_);
     }
@@ -1237,9 +1239,9 @@ cudaGraphExec_t CudaBackend::cached_token_graph(const std::vector<uintptr_t>& ke
 }
 
 cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs,
-                                             int64_t max_keys, int pick_k) {
+                                             int64_t max_keys, int pick_k, bool penalties) {
   if (cudaGraphExec_t exec = cached_token_graph(key)) return exec;
-  cudaGraphExec_t exec = capture_token(runs, max_keys, pick_k);
+  cudaGraphExec_t exec = capture_token(runs, max_keys, pick_k, penalties);
   if (token_graphs_.size() == kMaxTokenGraphs) {  // no replay is in flight: a capture follows begin_batch's wait
     FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graphs_.front().exec));
     token_graphs_.erase(token_graphs_.begin());
@@ -1374,14 +1376,15 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
     part = std::max(part, attn_scratch_floats(1, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
   }
   if (part * sizeof(float) > partial_.bytes || copy_events_.size() < static_cast<size_t>(2 * copy_groups_)) return false;
-  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, 0, parity));
+  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, 0, false, parity));
   if (!exec) return false;
-  // The position by a copy: a kernel right before a replay made the replay itself about 23 us
-  // slower (8B Q4_0, H200: a one-block kernel there took the token 1.855 -> 1.878 ms of
-  // graph, 527.8 -> 514.9-517.7 t/s; a copy does not), so the token's row is the graph's
-  // own first kernel, its id the step in flight's argmax (pick_ids_dev_).
-  pos_host_[parity] = static_cast<int32_t>(pos1);  // its last copy ran: the step two back was waited for
-  FRINK_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_ + parity, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  // Nothing before the replay: its token's row is the graph's own first kernel, its id the
+  // step in flight's argmax (pick_ids_dev_), and that argmax advanced the position (a kernel
+  // right before a replay made the replay itself about 23 us slower: 8B Q4_0, H200, a
+  // one-block kernel there took the token 1.855 -> 1.878 ms of graph, 527.8 -> 514.9-517.7
+  // t/s). The position's copy it replaces: 8B Q4_0 533.3 / 533.1 -> 533.7 / 534.0 t/s,
+  // qwen3-30b-a3b 530.1 / 530.5 -> 531.1 / 531.4, qwen3-next 8 layers 1912 / 1919 -> 1931 /
+  // 1933 (H200, one call, two rounds, with the penalties launch gone from greedy graphs).
   launch_step(exec, parity);
   finish_step(parity, 0, false);
   ahead_.active = true;
@@ -1436,9 +1439,9 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       partial_.ensure(part * sizeof(float));
       logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
       if (embed_in_graph()) {  // the graph takes the token's row itself: its id where it reads it
-        pos_host_[2] = token;  // nothing in flight reads it: begin_batch left the stream idle
+        pos_host_[0] = token;  // nothing in flight reads it: begin_batch left the stream idle
         FRINK_CUDA_CHECK(
-            cudaMemcpyAsync(pick_ids_dev_, pos_host_ + 2, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+            cudaMemcpyAsync(pick_ids_dev_, pos_host_, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
       } else {
         // x through pinned memory: from the caller's pageable memory the copy is the driver's own
         // staging, synchronous on this thread (measured with KvMirror's fingerprint prefix).
@@ -1466,7 +1469,9 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       }
       ensure_copy_events(static_cast<size_t>(2 * copy_groups_));
       if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
-      cudaGraphExec_t exec = token_graph_for(graph_key(runs, max_keys, pick_k, parity), runs, max_keys, pick_k);
+      const bool penalties = pick && pick->n_pen > 0;
+      cudaGraphExec_t exec =
+          token_graph_for(graph_key(runs, max_keys, pick_k, penalties, parity), runs, max_keys, pick_k, penalties);
       if (pick) {  // the step's pick parameters, after any capture, before the replay that reads them
         pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
         pick_host_->repeat = pick->repeat;

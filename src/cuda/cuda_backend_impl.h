@@ -142,13 +142,16 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos, int half);
   void clear_pending();  // a failed batch's bookkeeping, forgotten
   void enqueue_head(int64_t first, int64_t n);
-  // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k. parity: the position's, which
-  // picks the staging half and copy events the graph bakes in.
-  std::vector<uintptr_t> graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, int parity) const;
-  cudaGraphExec_t capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k);
+  // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k; penalties: the pick's penalties
+  // kernel first (a greedy step without penalties, as every step ahead, has none: one launch
+  // fewer at the token's end). parity: the position's, which picks the staging half and copy
+  // events the graph bakes in.
+  std::vector<uintptr_t> graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, bool penalties,
+                                   int parity) const;
+  cudaGraphExec_t capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, bool penalties);
   cudaGraphExec_t cached_token_graph(const std::vector<uintptr_t>& key);  // null: none captured
   cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs, int64_t max_keys,
-                                  int pick_k);
+                                  int pick_k, bool penalties);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual;
   // x_prepared, pre_glu: MatmulParams').
@@ -322,8 +325,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // asleep between batches.
   ThreadPool append_pool_{static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u))};
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
-  // Pinned sources of the copies before a replay: [0], [1] a step ahead's position by parity,
-  // [2] the token of a step run when asked (embed_in_graph), [3] begin_batch's position.
+  // Pinned sources of the copies before a replay: [0] the token of a step run when asked
+  // (embed_in_graph), [1] begin_batch's position. A step ahead needs neither (launch_ahead).
   int32_t* pos_host_ = nullptr;
   // A token graph takes its token's embedding row itself (its first kernel), where the
   // embedding is on the device (DeviceWeights::token_embd): a step ahead's token is known

@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/glu_value.cuh"
+#include "cuda/pdl.cuh"
 
 namespace frink::cuda {
 
@@ -73,6 +74,7 @@ __device__ __forceinline__ void argmax_block(float& v, int32_t& i) {
 // INT32_MAX stand for "nothing yet", so any real logit (or -inf at a real index) wins.
 __global__ void __launch_bounds__(256) argmax_partial_kernel(const float* x, int64_t n, float* part_v,
                                                              int32_t* part_i) {
+  grid_dependents_launch();  // the final pass may launch now, and wait
   float v = -INFINITY;
   int32_t i = INT32_MAX;
   for (int64_t j = blockIdx.x * int64_t{256} + threadIdx.x; j < n; j += int64_t{gridDim.x} * 256)
@@ -84,25 +86,30 @@ __global__ void __launch_bounds__(256) argmax_partial_kernel(const float* x, int
   }
 }
 
-__global__ void __launch_bounds__(256) argmax_final_kernel(const float* part_v, const int32_t* part_i, int32_t* out) {
+__global__ void __launch_bounds__(256)
+    argmax_final_kernel(const float* part_v, const int32_t* part_i, int32_t* out, int32_t* advance) {
+  dependent_kernel_start();
   float v = -INFINITY;
   int32_t i = INT32_MAX;
   for (int j = threadIdx.x; j < kArgmaxBlocks; j += 256) argmax_merge(v, i, part_v[j], part_i[j]);
   argmax_block(v, i);
-  if (threadIdx.x == 0) *out = i == INT32_MAX ? 0 : i;  // all -inf or empty: id 0, as max_element
+  if (threadIdx.x == 0) {
+    *out = i == INT32_MAX ? 0 : i;  // all -inf or empty: id 0, as max_element
+    if (advance) ++*advance;
+  }
 }
 
 }  // namespace
 
 size_t argmax_scratch_bytes() { return kArgmaxBlocks * (sizeof(float) + sizeof(int32_t)); }
 
-void launch_argmax(const float* x, int64_t n, void* scratch, int32_t* out, cudaStream_t stream) {
+void launch_argmax(const float* x, int64_t n, void* scratch, int32_t* out, cudaStream_t stream, int32_t* advance) {
   FRINK_CUDA_CHECK(n > 0 && n <= INT32_MAX ? cudaSuccess : cudaErrorInvalidValue);
   float* part_v = static_cast<float*>(scratch);
   int32_t* part_i = reinterpret_cast<int32_t*>(part_v + kArgmaxBlocks);
   argmax_partial_kernel<<<kArgmaxBlocks, 256, 0, stream>>>(x, n, part_v, part_i);
   FRINK_CUDA_CHECK_LAUNCH();
-  argmax_final_kernel<<<1, 256, 0, stream>>>(part_v, part_i, out);
+  launch_dependent(argmax_final_kernel, 1, 256, 0, stream, part_v, part_i, out, advance);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

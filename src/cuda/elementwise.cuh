@@ -51,9 +51,12 @@ void launch_softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 
 // *out = the index of the largest of x[0, n), the lowest on ties (engine greedy_token's rule),
 // in two passes: kArgmaxBlocks blocks each reduce a strided share into scratch, one block
-// reduces those. scratch: argmax_scratch_bytes() on the device.
+// reduces those (launched as a dependent: pdl.cuh). scratch: argmax_scratch_bytes() on the
+// device. advance (or null): *advance += 1 with the pick, for the step the pick is the
+// token of (a token graph's position: CudaBackend's step ahead then needs no copy of it).
 inline constexpr int kArgmaxBlocks = 128;
 size_t argmax_scratch_bytes();
-void launch_argmax(const float* x, int64_t n, void* scratch, int32_t* out, cudaStream_t stream);
+void launch_argmax(const float* x, int64_t n, void* scratch, int32_t* out, cudaStream_t stream,
+                   int32_t* advance = nullptr);
 
 }  // namespace frink::cuda

@@ -1876,7 +1876,8 @@ TEST(CudaKernels, PenaltiesAndTopKMatchTheHostSampler) {
 }
 
 // Device argmax = greedy_token: random logits over vocabulary sizes around the grid's stride,
-// a tie for the largest value (the lower id wins), all -inf (id 0).
+// a tie for the largest value (the lower id wins), all -inf (id 0); with a position to
+// advance, the same id and the position one further.
 TEST(CudaKernels, ArgmaxMatchesGreedyToken) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(31);
@@ -1892,9 +1893,12 @@ TEST(CudaKernels, ArgmaxMatchesGreedyToken) {
     inputs.push_back(std::vector<float>(static_cast<size_t>(n), -INFINITY));
     for (const auto& in : inputs) {
       Dev<float> dx(in);
-      Dev<int32_t> out(std::vector<int32_t>{-1});
+      Dev<int32_t> out(std::vector<int32_t>{-1}), pos(std::vector<int32_t>{41});
       cuda::launch_argmax(dx.p, n, scratch.p, out.p, nullptr);
       EXPECT_EQ(out.get()[0], greedy_token(in.data(), n)) << "n " << n;
+      cuda::launch_argmax(dx.p, n, scratch.p, out.p, nullptr, pos.p);  // with the position it feeds
+      EXPECT_EQ(out.get()[0], greedy_token(in.data(), n)) << "n " << n;
+      EXPECT_EQ(pos.get()[0], 42) << "n " << n;
     }
   }
 }
