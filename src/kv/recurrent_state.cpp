@@ -167,8 +167,10 @@ void RecurrentState::save_layer(int64_t pos, int64_t layer, const float* conv, c
     // Make room first: the oldest snapshots go (a rewind that far back replays from an
     // earlier one or from 0, which is slower but still exact).
     while (static_cast<int64_t>(snapshots_.size()) >= max_snapshots_ && !snapshots_.empty())
-      snapshots_.erase(snapshots_.begin());
-    it = snapshots_.emplace(pos, std::vector<Layer>(live_.size())).first;
+      drop_snapshot(snapshots_.begin());
+    if (spare_.size() != live_.size()) spare_.assign(live_.size(), Layer{});
+    it = snapshots_.emplace(pos, std::move(spare_)).first;
+    spare_.clear();
   }
   const Layer& live = live_[static_cast<size_t>(layer)];
   Layer& saved = it->second[static_cast<size_t>(layer)];
@@ -184,7 +186,7 @@ std::vector<int64_t> RecurrentState::snapshot_positions() const {
 
 int64_t RecurrentState::restore(int64_t n) {
   FRINK_ASSERT(n >= 0);
-  snapshots_.erase(snapshots_.upper_bound(n), snapshots_.end());
+  while (!snapshots_.empty() && std::prev(snapshots_.end())->first > n) drop_snapshot(std::prev(snapshots_.end()));
   ++epoch_;
   // Every layer is replaced: a device copy ahead of the host is discarded unread.
   std::fill(ahead_.begin(), ahead_.end(), 0);
@@ -207,9 +209,19 @@ int64_t RecurrentState::restore(int64_t n) {
       live_ = last->second;
       return last->first;
     }
-    snapshots_.erase(last);
+    drop_snapshot(last);
   }
   return restore(0);
+}
+
+void RecurrentState::drop_snapshot(std::map<int64_t, std::vector<Layer>>::iterator it) {
+  // Emptied, so a snapshot made from it is complete only where every layer saves again (restore).
+  for (Layer& l : it->second) {
+    l.conv.clear();
+    l.ssm.clear();
+  }
+  spare_ = std::move(it->second);
+  snapshots_.erase(it);
 }
 
 void RecurrentState::reset() {
