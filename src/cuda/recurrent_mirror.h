@@ -43,8 +43,8 @@ class RecurrentMirror {
   bool has(int64_t layer) const { return layers_[static_cast<size_t>(layer)].held; }
   // Which of the layer's two copies is current (0 or 1), and each copy's buffers.
   int half(int64_t layer) const { return layers_[static_cast<size_t>(layer)].half; }
-  float* conv(int64_t layer, int h) { return buf_ + static_cast<size_t>(h) * floats_ + layers_[static_cast<size_t>(layer)].conv_off; }
-  float* ssm(int64_t layer, int h) { return buf_ + static_cast<size_t>(h) * floats_ + layers_[static_cast<size_t>(layer)].ssm_off; }
+  float* conv(int64_t layer, int h) { return copy(h) + layers_[static_cast<size_t>(layer)].conv_off; }
+  float* ssm(int64_t layer, int h) { return copy(h) + layers_[static_cast<size_t>(layer)].ssm_off; }
   float* conv(int64_t layer) { return conv(layer, half(layer)); }
   float* ssm(int64_t layer) { return ssm(layer, half(layer)); }
   size_t bytes() const { return 2 * floats_ * sizeof(float); }
@@ -72,6 +72,7 @@ class RecurrentMirror {
     uint64_t stamp = 0;
     int half = 0;          // the current copy
   };
+  float* copy(int h) { return buf_ + static_cast<size_t>(h) * floats_; }
   float* buf_ = nullptr;  // two copies of floats_ each
   size_t floats_ = 0;
   std::vector<Layer> layers_;
