@@ -34,6 +34,7 @@
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "model/model.h"
+#include "step_ahead_script.h"
 
 namespace frink::test {
 namespace {
@@ -125,6 +126,19 @@ void device_rule(const RuleCase& c, const RuleInputs& in, const Dev<float>& qkv,
   cuda::launch_delta_rule(rule_params(c, in, qkv, beta, g, out, state, b, e));
 }
 
+// The rule over all tokens with the new state written to another buffer (a token graph's):
+// the outputs and state bit for bit those of the in-place run, the old state kept.
+void expect_rule_out_of_place(const RuleCase& c, const RuleInputs& in, const Dev<float>& qkv, const Dev<float>& beta,
+                              const Dev<float>& g, const std::vector<float>& out, const std::vector<float>& state) {
+  Dev<float> out2(out.size()), state2(in.state), next(in.state.size());
+  cuda::DeltaRuleParams p = rule_params(c, in, qkv, beta, g, out2, state2, 0, c.n_tok);
+  p.state_out = next.p;
+  cuda::launch_delta_rule(p);
+  EXPECT_EQ(out2.get(), out);
+  EXPECT_EQ(next.get(), state);
+  EXPECT_EQ(state2.get(), in.state);
+}
+
 class DeltaRuleKernel : public ::testing::TestWithParam<RuleCase> {};
 
 // Outputs of every token and the final state; also cut in two launches (the state carried
@@ -145,15 +159,7 @@ TEST_P(DeltaRuleKernel, MatchesHostRecurrence) {
     const std::vector<float> got_out = out.get(), got_state = state.get();
     EXPECT_LT(nmse(got_out.data(), ref_out.data(), n_out), 1e-10);
     EXPECT_LT(nmse(got_state.data(), ref_state.data(), ref_state.size()), 1e-10);
-    if (cut == c.n_tok) {  // the new state into another buffer (a token graph's): the same bits, the old one kept
-      Dev<float> state2(in.state), next(in.state.size()), out2(n_out);
-      cuda::DeltaRuleParams p = rule_params(c, in, qkv, beta, g, out2, state2, 0, c.n_tok);
-      p.state_out = next.p;
-      cuda::launch_delta_rule(p);
-      EXPECT_EQ(out2.get(), got_out);
-      EXPECT_EQ(next.get(), got_state);
-      EXPECT_EQ(state2.get(), in.state);
-    }
+    if (cut == c.n_tok) expect_rule_out_of_place(c, in, qkv, beta, g, got_out, got_state);
   }
 }
 
@@ -232,15 +238,7 @@ TEST_P(DeltaRuleChunked, MatchesBothRecurrences) {
   if (!chunked) {
     EXPECT_TRUE(got_out == rec_out && got_state == rec_state) << "the recurrent path changed";
   }
-  {  // the new state into another buffer: the same bits, the old one kept
-    Dev<float> out2(n_out), state2(in.state), next(in.state.size());
-    cuda::DeltaRuleParams p2 = rule_params(c, in, qkv, beta, g, out2, state2, 0, c.n_tok);
-    p2.state_out = next.p;
-    cuda::launch_delta_rule(p2);
-    EXPECT_EQ(out2.get(), got_out);
-    EXPECT_EQ(next.get(), got_state);
-    EXPECT_EQ(state2.get(), in.state);
-  }
+  expect_rule_out_of_place(c, in, qkv, beta, g, got_out, got_state);
 
   const int64_t cut = cuda::kDeltaChunkMinTokens;
   if (c.n_tok > cut) {
@@ -583,67 +581,18 @@ TEST(HybridDevice, GraphReplayEqualsLayerByLayerBitForBit) {
 // Greedy decode steps enqueued one ahead (CudaBackend::run_token) on a hybrid: the step ahead
 // reads the state copy the step before it writes and writes the other (RecurrentMirror), so
 // dropping it must leave the state as it was. Bit for bit against steps run when asked,
-// through what must drop a step ahead: the caller's own token, a rewind (a snapshot restored,
-// tokens replayed as a batch), a logits step, the state assigned from a copy (new stamps),
-// two sequences taking turns; and across position 256, whose snapshot (snapshot_interval)
-// keeps the step before it from running ahead.
+// through step_ahead_script.h's script (its rewind restores a snapshot and replays a batch,
+// its assignment from a copy gives the state new stamps), across position 256, whose
+// snapshot (snapshot_interval) keeps the step before it from running ahead.
 TEST(HybridDevice, StepsRunAheadEqualStepsRunWhenAsked) {
   FRINK_REQUIRE_GPU();
   for (const auto& [name, path] : hybrid_models()) {
     SCOPED_TRACE(name);
     const auto m = load_model(path);
-    const int64_t V = m->hp.n_vocab;
-    struct Out {
-      std::vector<int32_t> tokens;
-      std::vector<float> logits;
-      int64_t ahead = 0, steps = 0;
-    };
-    const auto run = [&](bool step_ahead) {
-      DecoderOptions o = opts(DeviceChoice::kCuda);
-      o.hooks.no_step_ahead = !step_ahead;
-      Decoder dec(*m, o);
-      Sampler greedy(SamplerParams{.temp = 0.0f}, static_cast<int>(V));
-      Session a(*m, 0), b(*m, 0);
-      Out r;
-      std::vector<float> logits;
-      dec.eval(a, prompt_for(*m, 230), false, logits);
-      int32_t t = greedy_token(logits.data(), V);
-      const auto steps = [&](Session& s, int n) {
-        for (int i = 0; i < n; ++i) r.tokens.push_back(t = dec.eval_next(s, t, greedy));
-      };
-      steps(a, 40);  // positions 230..269: the snapshot at 256
-      t = (t + 1) % V;  // the caller's own token, not the pick
-      steps(a, 3);
-      rewind_session(dec, a, a.n_past() - 3);  // back to the snapshot at 256, the rest replayed
-      steps(a, 4);
-      dec.eval(a, {t}, false, logits);  // a logits step (a new batch)
-      r.logits.insert(r.logits.end(), logits.begin(), logits.end());
-      t = greedy_token(logits.data(), V);
-      steps(a, 3);
-      const Session saved = a;  // a copy pulls the state; assigning it back makes every copy stale
-      a = saved;
-      steps(a, 3);
-      dec.eval(b, {3, 1, 4, 1, 5}, false, logits);
-      int32_t tb = greedy_token(logits.data(), V);
-      for (int i = 0; i < 4; ++i) {  // two sequences taking turns: each call drops the other's step
-        steps(a, 1);
-        r.tokens.push_back(tb = dec.eval_next(b, tb, greedy));
-      }
-      steps(a, 6);
-      r.ahead = dec.steps_run_ahead();
-      r.steps = dec.whole_token_steps();
-      return r;
-    };
-    const Out ahead = run(true), asked = run(false);
-    std::printf("[gpu] %-16s %lld of %lld steps ran ahead\n", name.c_str(), static_cast<long long>(ahead.ahead),
-                static_cast<long long>(ahead.steps));
-    EXPECT_EQ(ahead.tokens, asked.tokens);
-    EXPECT_EQ(ahead.logits, asked.logits);
-    EXPECT_EQ(asked.ahead, 0);
-    EXPECT_EQ(ahead.steps, asked.steps);
-    // Of the 40 + 3 + 4 + 3 + 3 + 4 + 6 greedy steps on a, those after a drop, after the
-    // snapshot, or capturing a new graph key run when asked: more than 30 remain.
-    EXPECT_GT(ahead.ahead, 30);
+    // Positions 230..269 first: the snapshot at 256. Of the 40 + 3 + 4 + 3 + 3 + 4 + 6 greedy
+    // steps on a, those after a drop, after the snapshot, or capturing a new graph key run
+    // when asked: more than 30 remain.
+    expect_steps_ahead_equal_asked(*m, opts(DeviceChoice::kCuda), {.prompt = 230, .first = 40, .last = 6}, name, 30);
   }
 }
 

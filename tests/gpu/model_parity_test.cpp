@@ -22,6 +22,7 @@
 #include "gpu_support.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "step_ahead_script.h"
 
 namespace frink::test {
 namespace {
@@ -263,71 +264,19 @@ TEST(DeviceTokenGraph, SequencesTakingTurnsKeepTheirOwnState) {
 
 // Greedy decode steps enqueued one ahead (DeviceBackend::run_token: the next step's token
 // embedded on the device from the pick, before the caller asks for it) give bit for bit what
-// steps started only when asked give, through everything that must drop a step ahead or may
-// adopt it: a long greedy run past a new graph key (512 -> 1024 keys), the caller feeding
-// another token than the pick, a truncate, a logits step, two sequences taking turns, and a
-// restore of a copy with the same rows. gemma2: the embedding's scale.
+// steps started only when asked give, through step_ahead_script.h's script: a 500-token
+// prompt and 30 greedy steps past a new graph key (512 -> 1024 keys), a truncate, a restore
+// of a copy with the same rows, and the rest. gemma2: the embedding's scale.
 TEST(DeviceTokenGraph, StepsRunAheadEqualStepsRunWhenAsked) {
   FRINK_REQUIRE_GPU();
   for (const char* rel : {"llamacpp/quant/llama-dense-Q4_K_M.gguf", "llamacpp/quant/llama-dense-Q4_0.gguf",
                           "llamacpp/archs/qwen3-dense.gguf", "llamacpp/archs/gemma2-dense.gguf"}) {
     FRINK_REQUIRE_GPU_DATA(rel);
     const auto m = load_model((gpu_testdata() / rel).string());
-    const int64_t V = m->hp.n_vocab;
-    struct Out {
-      std::vector<int32_t> tokens;
-      std::vector<float> logits;
-      int64_t ahead = 0, steps = 0;
-    };
-    const auto run = [&](bool step_ahead) {
-      DecoderOptions o = opts(DeviceChoice::kCuda, 512);
-      o.hooks.no_step_ahead = !step_ahead;
-      Decoder dec(*m, o);
-      Sampler greedy(SamplerParams{.temp = 0.0f}, static_cast<int>(V));
-      Session a(*m, 0), b(*m, 0);
-      std::vector<int32_t> prompt;
-      for (int i = 0; i < 500; ++i) prompt.push_back(static_cast<int32_t>((1 + 7 * i * i + 3 * i) % V));
-      Out r;
-      std::vector<float> logits;
-      dec.eval(a, prompt, false, logits);
-      int32_t t = greedy_token(logits.data(), V);
-      const auto steps = [&](Session& s, int n) {
-        for (int i = 0; i < n; ++i) r.tokens.push_back(t = dec.eval_next(s, t, greedy));
-      };
-      steps(a, 30);             // past 512 rows: a new graph key, with each parity's graph
-      t = (t + 1) % V;          // the caller's own token, not the pick: the step ahead is dropped
-      steps(a, 3);
-      a.truncate(a.n_past() - 3);  // fewer rows than the step ahead was enqueued for
-      steps(a, 4);
-      dec.eval(a, {t}, false, logits);  // a logits step (a new batch) drops it too
-      r.logits.insert(r.logits.end(), logits.begin(), logits.end());
-      t = greedy_token(logits.data(), V);
-      steps(a, 3);
-      const Session saved = a;  // the same rows at the same length: a step ahead stays valid
-      a = saved;
-      steps(a, 3);
-      dec.eval(b, {3, 1, 4, 1, 5}, false, logits);
-      int32_t tb = greedy_token(logits.data(), V);
-      for (int i = 0; i < 4; ++i) {  // two sequences taking turns: each call drops the other's step
-        steps(a, 1);
-        r.tokens.push_back(tb = dec.eval_next(b, tb, greedy));
-      }
-      steps(a, 5);
-      r.ahead = dec.steps_run_ahead();
-      r.steps = dec.whole_token_steps();
-      return r;
-    };
-    const Out ahead = run(true), asked = run(false);
-    std::printf("[gpu] %s: %lld of %lld steps ran ahead\n", rel, static_cast<long long>(ahead.ahead),
-                static_cast<long long>(ahead.steps));
-    EXPECT_EQ(ahead.tokens, asked.tokens) << rel;
-    EXPECT_EQ(ahead.logits, asked.logits) << rel;
-    EXPECT_EQ(asked.ahead, 0) << rel;
-    EXPECT_EQ(ahead.steps, asked.steps) << rel;
     // Each parity's graph for a new key is captured by a step run when asked first, and a
-    // step that drops one ahead runs when asked: 30 + 3 + 4 + 3 + 3 + 5 greedy steps on a,
-    // minus those, leave more than 30 to run ahead.
-    EXPECT_GT(ahead.ahead, 30) << rel;
+    // step that drops one ahead runs when asked: 30 + 3 + 4 + 3 + 3 + 4 + 5 greedy steps on
+    // a, minus those, leave more than 30 to run ahead.
+    expect_steps_ahead_equal_asked(*m, opts(DeviceChoice::kCuda, 512), {.prompt = 500, .first = 30, .last = 5}, rel, 30);
   }
 }
 
