@@ -26,11 +26,13 @@
 // One step ahead: a greedy step's pick is its next step's token, so run_token enqueues that
 // step before it waits for its own, and the device runs it while the host lands the rows and
 // the caller takes the token. So a token graph starts with the token's embedding row
-// (embed.cuh), its id where the pick leaves it; a step run when asked copies its token there. The step ahead changes no host state; its rows go to the other half of the staging
-// (by the position's parity, as its copy events and pick slot) and land only when the next
-// call adopts it: same position, token, caches and a greedy pick, and every mirror still
-// current (the staleness rule, so a truncate or restore between the calls drops it).
-// Anything else waits for it and drops it (cancel_ahead); its mirror rows lie past seq_len.
+// (embed.cuh), its id where the pick leaves it; a step run when asked copies its token there.
+// The step ahead changes no host state; its rows go to the other half of the staging (by the
+// position's parity, as its copy events and pick slot), a hybrid's recurrent state to the
+// mirror's other copy (RecurrentMirror), and both land only when the next call adopts it:
+// same position, token, caches and a greedy pick, and every mirror still current (the
+// staleness rule, so a truncate or restore between the calls drops it). Anything else waits
+// for it and drops it (cancel_ahead); its mirror rows lie past seq_len.
 //
 // Gated delta net layers (hybrids) and the recurrent state mirror: cuda_backend_recurrent.cpp.
 #include "cuda/cuda_backend.h"
