@@ -1474,7 +1474,7 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       const bool penalties = pick && pick->n_pen > 0;
       cudaGraphExec_t exec =
           token_graph_for(graph_key(runs, max_keys, pick_k, penalties, parity), runs, max_keys, pick_k, penalties);
-      if (pick) {  // the step's pick parameters, after any capture, before the replay that reads them
+      if (penalties) {  // the penalties' parameters, after any capture, before the replay that reads them
         pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
         pick_host_->repeat = pick->repeat;
         pick_host_->frequency = pick->frequency;
