@@ -23,16 +23,17 @@
 // their own. Mirror staleness is settled before the replay (prepare() uploads outside the
 // graph), so the replay always reads a mirror that agrees with its host cache.
 //
-// One step ahead: a greedy step's pick is its next step's token, so run_token enqueues that
-// step before it waits for its own, and the device runs it while the host lands the rows and
-// the caller takes the token. So a token graph starts with the token's embedding row
-// (embed.cuh), its id where the pick leaves it; a step run when asked copies its token there.
-// The step ahead changes no host state; its rows go to the other half of the staging (by the
-// position's parity, as its copy events and pick slot), a hybrid's recurrent state to the
-// mirror's other copy (RecurrentMirror), and both land only when the next call adopts it:
-// same position, token, caches and a greedy pick, and every mirror still current (the
-// staleness rule, so a truncate or restore between the calls drops it). Anything else waits
-// for it and drops it (cancel_ahead); its mirror rows lie past seq_len.
+// One step ahead: a step's pick (the argmax, or the sampler's draw with its next uniform,
+// DeviceDraw) is its next step's token, so run_token enqueues that step before it waits for
+// its own, and the device runs it while the host lands the rows and the caller takes the
+// token. So a token graph starts with the token's embedding row (embed.cuh), its id where the
+// pick leaves it; a step run when asked copies its token there. The step ahead changes no
+// host state; its rows go to the other half of the staging (by the position's parity, as its
+// copy events, draw parameters and pick slot), a hybrid's recurrent state to the mirror's
+// other copy (RecurrentMirror), and both land only when the next call adopts it: same
+// position, token, caches and pick (a draw's uniform too), no penalties, and every mirror
+// still current (the staleness rule, so a truncate or restore between the calls drops it).
+// Anything else waits for it and drops it (cancel_ahead); its mirror rows lie past seq_len.
 //
 // Gated delta net layers (hybrids) and the recurrent state mirror: cuda_backend_recurrent.cpp.
 #include "cuda/cuda_backend.h"
@@ -89,8 +90,10 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   FRINK_CUDA_CHECK(cudaMallocHost(&pick_host_, sizeof(PickDev)));
   FRINK_CUDA_CHECK(cudaMalloc(&pick_ids_dev_, kPickMaxTopK * sizeof(int32_t)));
   FRINK_CUDA_CHECK(cudaMalloc(&pick_vals_dev_, kPickMaxTopK * sizeof(float)));
-  FRINK_CUDA_CHECK(cudaMallocHost(&pick_ids_host_, 2 * kPickMaxTopK * sizeof(int32_t)));  // a slot a parity
-  FRINK_CUDA_CHECK(cudaMallocHost(&pick_vals_host_, 2 * kPickMaxTopK * sizeof(float)));
+  FRINK_CUDA_CHECK(cudaMallocHost(&pick_ids_host_, 2 * sizeof(int32_t)));  // a slot a parity
+  // Read by the draw kernel in place: pinned memory is mapped at the same address under
+  // unified addressing (every 64-bit platform CUDA 13 runs on).
+  FRINK_CUDA_CHECK(cudaHostAlloc(&draw_host_, 2 * sizeof(DrawDev), cudaHostAllocMapped));
   for (cudaEvent_t& e : step_done_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   pick_scratch_.ensure(std::max(argmax_scratch_bytes(), topk_scratch_bytes(m.hp.n_vocab, kPickMaxTopK)));
 }
@@ -120,7 +123,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(pick_ids_dev_);
   cudaFree(pick_vals_dev_);
   cudaFreeHost(pick_ids_host_);
-  cudaFreeHost(pick_vals_host_);
+  cudaFreeHost(draw_host_);
   for (const CopyEvents& e : copy_events_) {
     cudaEventDestroy(e.ready);
     cudaEventDestroy(e.landed);
@@ -1161,7 +1164,8 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, in
   return key;
 }
 
-cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, bool penalties) {
+cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, bool penalties,
+                                           int parity) {
   // ThreadLocal: only this thread's calls are checked for capture safety (the host thread
   // pool never touches CUDA).
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -1197,14 +1201,18 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
       }
     }
     enqueue_head(0, 1);
-    if (pick_k >= 0) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k
+    if (pick_k >= 0) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k and draw
       if (penalties) launch_penalties(logits_.f(), pick_dev_, stream_);
-      // The argmax advances the position for the step it feeds (a step ahead's; any other
-      // step copies its own position first).
-      if (pick_k == 0)
+      // The pick advances the position for the step it feeds (a step ahead's; any other step
+      // copies its own position first).
+      if (pick_k == 0) {
         launch_argmax(logits_.f(), m_.hp.n_vocab, pick_scratch_.p, pick_ids_dev_, stream_, pos_dev_);
-      else
+      } else {
         launch_topk(logits_.f(), m_.hp.n_vocab, pick_k, pick_scratch_.p, pick_ids_dev_, pick_vals_dev_, stream_);
+        DrawDev* draw_dev = nullptr;
+        FRINK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&draw_dev), draw_host_ + parity, 0));
+        launch_draw(pick_ids_dev_, pick_vals_dev_, pick_k, draw_dev, pick_ids_dev_, stream_, pos_dev_);
+      }
     }
     // The copies rejoin at the end, so the last group's copy runs beside the head, off its chain.
     if (forked) {
@@ -1241,9 +1249,9 @@ cudaGraphExec_t CudaBackend::cached_token_graph(const std::vector<uintptr_t>& ke
 }
 
 cudaGraphExec_t CudaBackend::token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs,
-                                             int64_t max_keys, int pick_k, bool penalties) {
+                                             int64_t max_keys, int pick_k, bool penalties, int parity) {
   if (cudaGraphExec_t exec = cached_token_graph(key)) return exec;
-  cudaGraphExec_t exec = capture_token(runs, max_keys, pick_k, penalties);
+  cudaGraphExec_t exec = capture_token(runs, max_keys, pick_k, penalties, parity);
   if (token_graphs_.size() == kMaxTokenGraphs) {  // no replay is in flight: a capture follows begin_batch's wait
     FRINK_CUDA_CHECK(cudaGraphExecDestroy(token_graphs_.front().exec));
     token_graphs_.erase(token_graphs_.begin());
@@ -1258,14 +1266,21 @@ static int64_t token_key_bound(int64_t pos) {
   return std::max<int64_t>(512, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(pos + 1))));
 }
 
+// The same draw: its parameters and its uniform.
+static bool same_draw(const DeviceDraw& a, const DeviceDraw& b) {
+  return a.top_p == b.top_p && a.min_p == b.min_p && a.log_min_p == b.log_min_p && a.temp == b.temp && a.u == b.u;
+}
+
 // A step enqueued ahead is this call's when nothing it assumed changed: the position, the token
-// (the pick it embedded on the device), the caches, a greedy pick, and each mirror still the
-// image of its cache (the staleness rule: a truncate or a restore between the calls fails it).
+// (the pick it embedded on the device), the caches, a pick without penalties the same as its
+// own (a draw's uniform included), and each mirror still the image of its cache (the
+// staleness rule: a truncate or a restore between the calls fails it).
 bool CudaBackend::adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* const> caches, RecurrentState* recurrent,
                               const float* logits, const TokenPick* pick) {
   if (!ahead_.active) return false;
-  bool same = pos0 == ahead_.pos0 && token == ahead_.token && !logits && pick && pick->top_k == 0 &&
-              pick->n_pen == 0 && recurrent == ahead_.recurrent &&
+  bool same = pos0 == ahead_.pos0 && token == ahead_.token && !logits && pick && pick->top_k == ahead_.pick_k &&
+              pick->n_pen == 0 && (pick->top_k == 0 || same_draw(pick->draw, ahead_.draw)) &&
+              recurrent == ahead_.recurrent &&
               std::equal(caches.begin(), caches.end(), ahead_.caches.begin(), ahead_.caches.end());
   for (size_t i = 0; same && i < ahead_.pending.size(); ++i) {
     const Pending& pd = ahead_.pending[i];
@@ -1323,16 +1338,15 @@ void CudaBackend::launch_step(cudaGraphExec_t exec, int parity) {
   if (timed) FRINK_CUDA_CHECK(cudaEventRecord(ev[1], stream_));
 }
 
-void CudaBackend::finish_step(int parity, int pick_k, bool logits) {
+void CudaBackend::set_draw(int parity, const DeviceDraw& d) {
+  draw_host_[parity] = {.u = d.u, .top_p = d.top_p, .min_p = d.min_p, .log_min_p = d.log_min_p, .temp = d.temp};
+}
+
+void CudaBackend::finish_step(int parity, bool pick, bool logits) {
   if (logits) copy_out(logits_.f(), static_cast<size_t>(m_.hp.n_vocab));
-  if (pick_k >= 0) {
-    const int n_back = pick_k > 0 ? pick_k : 1;
-    FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_ids_host_ + parity * kPickMaxTopK, pick_ids_dev_, n_back * sizeof(int32_t),
-                                     cudaMemcpyDeviceToHost, stream_));
-    if (pick_k > 0)
-      FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_vals_host_ + parity * kPickMaxTopK, pick_vals_dev_,
-                                       n_back * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  }
+  if (pick)
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_ids_host_ + parity, pick_ids_dev_, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     stream_));
   FRINK_CUDA_CHECK(cudaEventRecord(step_done_[parity], stream_));
 }
 
@@ -1341,7 +1355,8 @@ void CudaBackend::finish_step(int parity, int pick_k, bool logits) {
 // nothing must wait or grow under the running step (its mirrors have room for its row, the
 // attention scratch is big enough, its graph was captured before); else the next call runs
 // its step the usual way.
-bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, RecurrentState* recurrent) {
+bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, RecurrentState* recurrent,
+                               const TokenPick& pick) {
   const Hparams& hp = m_.hp;
   if (!embed_in_graph() || pos1 > INT32_MAX || stage_half_ == 0) return false;
   // A snapshot after the step would be copied out after its replay, by the host (run_token).
@@ -1378,8 +1393,11 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
     part = std::max(part, attn_scratch_floats(1, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
   }
   if (part * sizeof(float) > partial_.bytes || copy_events_.size() < static_cast<size_t>(2 * copy_groups_)) return false;
-  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, 0, false, parity));
+  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, pick.top_k, false, parity));
   if (!exec) return false;
+  DeviceDraw draw = pick.draw;  // drawn with the next uniform, into the slot no step in flight reads
+  draw.u = pick.draw.u_next;
+  if (pick.top_k > 0) set_draw(parity, draw);
   // Nothing before the replay: its token's row is the graph's own first kernel, its id the
   // step in flight's argmax (pick_ids_dev_), and that argmax advanced the position (a kernel
   // right before a replay made the replay itself about 23 us slower: 8B Q4_0, H200, a
@@ -1388,10 +1406,12 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
   // qwen3-30b-a3b 530.1 / 530.5 -> 531.1 / 531.4, qwen3-next 8 layers 1912 / 1919 -> 1931 /
   // 1933 (H200, one call, two rounds, with the penalties launch gone from greedy graphs).
   launch_step(exec, parity);
-  finish_step(parity, 0, false);
+  finish_step(parity, true, false);
   ahead_.active = true;
   ahead_.pos0 = pos1;
   ahead_.token = -1;  // known when the step in flight's pick lands
+  ahead_.pick_k = pick.top_k;
+  ahead_.draw = draw;
   ahead_.caches.assign(caches.begin(), caches.end());
   ahead_.pending = std::move(pending);
   ahead_.staging_end = used;
@@ -1472,8 +1492,9 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       ensure_copy_events(static_cast<size_t>(2 * copy_groups_));
       if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
       const bool penalties = pick && pick->n_pen > 0;
-      cudaGraphExec_t exec =
-          token_graph_for(graph_key(runs, max_keys, pick_k, penalties, parity), runs, max_keys, pick_k, penalties);
+      cudaGraphExec_t exec = token_graph_for(graph_key(runs, max_keys, pick_k, penalties, parity), runs, max_keys,
+                                             pick_k, penalties, parity);
+      if (pick_k > 0) set_draw(parity, pick->draw);  // nothing in flight reads it: begin_batch left the stream idle
       if (penalties) {  // the penalties' parameters, after any capture, before the replay that reads them
         pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
         pick_host_->repeat = pick->repeat;
@@ -1496,14 +1517,14 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
         for (int64_t il = 0; il < hp.n_layer; ++il)
           if (const LayerRun& r = runs[static_cast<size_t>(il)]; r.rec)
             stage_snapshot(*recurrent, *r.rec, il, pos0 + 1, 1 - r.rec_from);
-      finish_step(parity, pick_k, logits != nullptr);
+      finish_step(parity, pick != nullptr, logits != nullptr);
     }
     // The next step, enqueued before this one's wait, so the device runs it while the host
     // lands this one's rows and the caller takes its token: where the device's pick is the
-    // token (greedy, no penalties).
-    if (pick_k == 0 && pick->n_pen == 0 && !hooks_.no_step_ahead && !hooks_.trust_stale_mirror) {
+    // token (no penalties, whose window the token changes).
+    if (pick && pick->n_pen == 0 && !hooks_.no_step_ahead && !hooks_.trust_stale_mirror) {
       const Clock::time_point t = Clock::now();
-      if (launch_ahead(pos0 + 1, caches, recurrent)) {
+      if (launch_ahead(pos0 + 1, caches, recurrent, *pick)) {
         t_launch = t;
         t_launched = Clock::now();
       }
@@ -1511,13 +1532,7 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
     const Clock::time_point t_flush = Clock::now();
     flush(step_done_[parity]);
     if (logits) std::memcpy(logits, out_host_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float));
-    const int32_t* ids = pick_ids_host_ + parity * kPickMaxTopK;
-    const float* vals = pick_vals_host_ + parity * kPickMaxTopK;
-    if (pick_k == 0) pick->id = ids[0];
-    if (pick_k > 0) {
-      pick->top.clear();
-      for (int i = 0; i < pick_k; ++i) pick->top.emplace_back(ids[i], vals[i]);
-    }
+    if (pick) pick->id = pick_ids_host_[parity];
     if (ahead_.active) ahead_.token = pick->id;
     if (timed) {  // flush waited for this step's end: both its events have completed
       float graph_ms = 0.0f;

@@ -142,16 +142,17 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos, int half);
   void clear_pending();  // a failed batch's bookkeeping, forgotten
   void enqueue_head(int64_t first, int64_t n);
-  // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k; penalties: the pick's penalties
-  // kernel first (a greedy step without penalties, as every step ahead, has none: one launch
-  // fewer at the token's end). parity: the position's, which picks the staging half and copy
-  // events the graph bakes in.
+  // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k and the draw; penalties: the pick's
+  // penalties kernel first (a step without penalties, as every step ahead, has none: one
+  // launch fewer at the token's end). parity: the position's, which picks the staging half,
+  // copy events and draw parameters the graph bakes in.
   std::vector<uintptr_t> graph_key(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, bool penalties,
                                    int parity) const;
-  cudaGraphExec_t capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, bool penalties);
+  cudaGraphExec_t capture_token(std::span<const LayerRun> runs, int64_t max_keys, int pick_k, bool penalties,
+                                int parity);
   cudaGraphExec_t cached_token_graph(const std::vector<uintptr_t>& key);  // null: none captured
   cudaGraphExec_t token_graph_for(std::vector<uintptr_t> key, std::span<const LayerRun> runs, int64_t max_keys,
-                                  int pick_k, bool penalties);
+                                  int pick_k, bool penalties, int parity);
   MatmulParams matmul_params(const DeviceLinear& l, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   // y = W x (+ residual, which may be y: decode batches only, see MatmulParams::residual;
   // x_prepared, pre_glu: MatmulParams').
@@ -194,13 +195,17 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // run_token's parts: the replay (timed at --verbose), then its results' copies to the host
   // slot of its parity and its end (step_done_).
   void launch_step(cudaGraphExec_t exec, int parity);
-  void finish_step(int parity, int pick_k, bool logits);
+  void finish_step(int parity, bool pick, bool logits);
+  // The draw parameters a top-k graph of this parity reads (draw_host_), written while no
+  // step of the parity is in flight.
+  void set_draw(int parity, const DeviceDraw& d);
   // The step ahead (run_token): taken over by the call it was enqueued for, dropped by any
   // other (a wait), or enqueued behind the step in flight.
   bool adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* const> caches, RecurrentState* recurrent,
                    const float* logits, const TokenPick* pick);
   void cancel_ahead();
-  bool launch_ahead(int64_t pos1, std::span<KvCache* const> caches, RecurrentState* recurrent);
+  // pick: the step in flight's, whose draw parameters (with the next uniform) the step ahead takes.
+  bool launch_ahead(int64_t pos1, std::span<KvCache* const> caches, RecurrentState* recurrent, const TokenPick& pick);
 
   const Model& m_;
   DeviceHooks hooks_;
@@ -274,6 +279,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
     bool active = false;
     int64_t pos0 = 0;
     int32_t token = -1;  // its input: the pick of the step before it, once that landed
+    int pick_k = 0;      // its pick: the argmax, or the top k and a draw with `draw`
+    DeviceDraw draw;     // u: the uniform it drew with
     std::vector<KvCache*> caches;
     std::vector<Pending> pending;
     size_t staging_end = 0;
@@ -332,14 +339,16 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // embedding is on the device (DeviceWeights::token_embd): a step ahead's token is known
   // only there.
   bool embed_in_graph() const { return static_cast<bool>(w_.token_embd); }
-  // run_token's pick: parameters (device, and the pinned copy sent each step), the chosen id
-  // or top-k (device, pinned landing place), scratch for the reductions.
+  // run_token's pick: the penalties (device, and the pinned copy sent before a replay), the
+  // draw's parameters (pinned, a slot a parity, read by the graph's draw kernel itself), the
+  // top k and the chosen id (device; the id's pinned landing place a slot a parity), scratch
+  // for the reductions.
   PickDev* pick_dev_ = nullptr;
   PickDev* pick_host_ = nullptr;
-  int32_t* pick_ids_dev_ = nullptr;  // [kPickMaxTopK]; [0] is the argmax
+  DrawDev* draw_host_ = nullptr;     // [2]
+  int32_t* pick_ids_dev_ = nullptr;  // [kPickMaxTopK]: the top k; [0] the token after the argmax or draw
   float* pick_vals_dev_ = nullptr;
-  int32_t* pick_ids_host_ = nullptr;
-  float* pick_vals_host_ = nullptr;
+  int32_t* pick_ids_host_ = nullptr;  // [2]
   DevBuf pick_scratch_;
   // Captured token graphs by key, most recent last: a few, so sequences that take turns on
   // one backend (a server's slots) each keep theirs instead of recapturing every step.

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "cuda/cuda_check.h"
+#include "cuda/pdl.cuh"
 
 namespace frink::cuda {
 
@@ -92,6 +93,7 @@ __global__ void __launch_bounds__(kThreads) topk_chunk_kernel(const float* x, in
 // Pass 2: one block merges n_lists sorted lists of k (thread t owns lists t, t + 256, ...).
 __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const float* vals, const int32_t* ids, int n_lists,
                                                              int k, int32_t* out_ids, float* out_vals) {
+  grid_dependents_launch();  // the draw may launch now and read its parameters, then wait
   int head[kMaxLists / kThreads];
 #pragma unroll
   for (int q = 0; q < kMaxLists / kThreads; ++q) head[q] = 0;
@@ -111,6 +113,63 @@ __global__ void __launch_bounds__(kThreads) topk_merge_kernel(const float* vals,
       out_ids[r] = b.i;
       out_vals[r] = b.v;
     }
+  }
+}
+
+// sampling::finish on the sorted top k: top-p and the draw's sums by thread 0 in candidate
+// order (double, rounded one operation at a time), the exps and divisions in parallel.
+__global__ void __launch_bounds__(kThreads) draw_kernel(const int32_t* ids, const float* vals, int k, const DrawDev* dp,
+                                                       int32_t* out, int32_t* advance) {
+  __shared__ float s_v[kPickMaxTopK];
+  __shared__ double s_e[kPickMaxTopK];
+  __shared__ int s_n;
+  const DrawDev d = *dp;  // host memory written before the launch: nothing before this kernel writes it
+  grid_dependency_wait();
+  const int t = threadIdx.x;
+  if (t < k) s_v[t] = vals[t];
+  __syncthreads();
+  int n = k;
+  if (d.top_p < 1.0f) {  // sampling::top_p: softmax at temperature 1; the list is sorted, s_v[0] its max
+    if (t < n) s_e[t] = exp(static_cast<double>(s_v[t]) - static_cast<double>(s_v[0]));
+    __syncthreads();
+    if (t == 0) {
+      double total = 0, cum = 0;
+      for (int i = 0; i < n; ++i) total = __dadd_rn(total, s_e[i]);
+      int keep = n;  // rounding left the sum just below p: keep all
+      for (int i = 0; i < n; ++i) {
+        cum = __dadd_rn(cum, __ddiv_rn(s_e[i], total));
+        if (cum >= d.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+      s_n = keep;
+    }
+    __syncthreads();
+    n = s_n;
+  }
+  if (d.min_p > 0.0f) {  // sampling::min_p: sorted, so the kept ones are a prefix; at least the first
+    const float min_logit = __fadd_rn(s_v[0], d.log_min_p);
+    n = max(1, __syncthreads_count(t < n && s_v[t] >= min_logit));
+  }
+  if (t < n) s_v[t] = __fdiv_rn(s_v[t], d.temp);  // dividing by temp > 0 keeps s_v[0] the max
+  __syncthreads();
+  if (t < n) s_e[t] = exp(static_cast<double>(s_v[t]) - static_cast<double>(s_v[0]));
+  __syncthreads();
+  if (t == 0) {
+    double total = 0, cum = 0;
+    for (int i = 0; i < n; ++i) total = __dadd_rn(total, s_e[i]);
+    const double at = __dmul_rn(d.u, total);
+    int32_t id = ids[n - 1];  // the last takes any rounding remainder
+    for (int i = 0; i < n; ++i) {
+      cum = __dadd_rn(cum, s_e[i]);
+      if (at < cum) {
+        id = ids[i];
+        break;
+      }
+    }
+    *out = id;
+    if (advance) ++*advance;
   }
 }
 
@@ -136,6 +195,13 @@ void launch_topk(const float* x, int64_t n, int k, void* scratch, int32_t* out_i
   FRINK_CUDA_CHECK_LAUNCH();
   topk_merge_kernel<<<1, kThreads, 0, stream>>>(vals, ids, static_cast<int>(n_lists), k, out_ids, out_vals);
   FRINK_CUDA_CHECK_LAUNCH();
+}
+
+void launch_draw(const int32_t* ids, const float* vals, int k, const DrawDev* d, int32_t* out, cudaStream_t stream,
+                 int32_t* advance) {
+  FRINK_CUDA_CHECK(k >= 1 && k <= kPickMaxTopK ? cudaSuccess : cudaErrorInvalidValue);
+  static_assert(kPickMaxTopK <= kThreads, "a thread a candidate");
+  launch_dependent(draw_kernel, 1, kThreads, 0, stream, ids, vals, k, d, out, advance);
 }
 
 }  // namespace frink::cuda

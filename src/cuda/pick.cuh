@@ -28,11 +28,31 @@ inline size_t pick_dev_bytes(int32_t n_pen) {
 // operation rounded once as on the host (no fused multiply-add).
 void launch_penalties(float* logits, const PickDev* pick, cudaStream_t stream);
 
+// The sampler's chain after top-k for one step (engine sampling::finish). The kernel reads it
+// from pinned host memory the caller wrote before the launch (a slot a step parity), so a step
+// enqueued ahead needs no copy before its replay.
+struct DrawDev {
+  double u;         // the step's uniform draw, [0, 1)
+  float top_p;      // >= 1: off
+  float min_p;      // <= 0: off
+  float log_min_p;  // std::log(min_p) as the host rounds it
+  float temp;       // > 0
+};
+
 // The k largest of x[0, n) (1 <= k <= kPickMaxTopK, k < n), best first: value descending,
 // index ascending on ties (the host's sampling::top_k order). Two passes: blocks of 1024
 // values each keep their k best (in shared memory), then one block merges the sorted lists.
 size_t topk_scratch_bytes(int64_t n, int k);
 void launch_topk(const float* x, int64_t n, int k, void* scratch, int32_t* out_ids, float* out_vals,
                  cudaStream_t stream);
+
+// *out = the token sampling::finish draws from the top k (ids, vals in launch_topk's order)
+// with d's parameters and uniform: top-p, min-p, temperature, the draw, in the host's
+// arithmetic and order (double sums in candidate order; exp may differ from the host's in its
+// last bit, which moves a token only where the draw lands that close to a boundary). out may
+// be ids. advance (or null): *advance += 1 with the token, as launch_argmax's. A dependent
+// launch (pdl.cuh) of one block, reading d before its wait.
+void launch_draw(const int32_t* ids, const float* vals, int k, const DrawDev* d, int32_t* out, cudaStream_t stream,
+                 int32_t* advance = nullptr);
 
 }  // namespace frink::cuda

@@ -80,11 +80,9 @@ int32_t Decoder::eval_next(Session& s, int32_t token, Sampler& sampler) {
       pick.repeat = dp->repeat;
       pick.frequency = dp->frequency;
       pick.presence = dp->presence;
+      pick.draw = dp->draw;
       eval_batch(s, &token, 1, nullptr, false, &pick);
-      if (pick.top_k == 0) return pick.id;
-      std::vector<TokenLogit> top;
-      for (const auto& [id, logit] : pick.top) top.push_back({id, logit});
-      return sampler.sample_top(std::move(top));
+      return sampler.take_device_draw(pick.id);
     }
   }
   eval(s, {token}, false, next_logits_);

@@ -54,8 +54,8 @@ class Decoder {
   // unchanged, when the tokens do not fit the session's context or an id is out of range.
   void eval(Session& s, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>& logits);
   // Appends one token and returns the next one as sampler.sample() would choose it from the
-  // logits (the caller accepts it). When the step runs whole on the device, the penalties and
-  // the argmax or top-k (Sampler::device_pick) happen there and the logits stay there.
+  // logits (the caller accepts it). When the step runs whole on the device, the sampler's
+  // chain (Sampler::device_pick) runs there and the logits stay there.
   int32_t eval_next(Session& s, int32_t token, Sampler& sampler);
 
  private:

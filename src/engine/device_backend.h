@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "kv/recurrent_state.h"
 
@@ -88,7 +89,7 @@ struct DeviceHooks {
 // the host: penalties on the listed tokens (llama.cpp's: logit = logit <= 0 ? logit * repeat :
 // logit / repeat, then minus count * frequency + presence, rounded as the host rounds them),
 // then the argmax (top_k == 0) or the top_k best, logit descending and id ascending on ties
-// (the host sampler's top-k order).
+// (the host sampler's top-k order), finished by `draw` as sampling::finish does.
 inline constexpr int64_t kMaxPickPenalties = 4096;
 inline constexpr int kMaxPickTopK = 256;
 inline constexpr int64_t kMaxPickVocab = int64_t{1} << 20;  // the top-k merge's list count
@@ -98,8 +99,8 @@ struct TokenPick {
   const int32_t* pen_counts = nullptr;
   int64_t n_pen = 0;
   float repeat = 1.0f, frequency = 0.0f, presence = 0.0f;
-  int32_t id = -1;                             // out when top_k == 0
-  std::vector<std::pair<int32_t, float>> top;  // out when top_k > 0: (id, penalised logit)
+  DeviceDraw draw;  // top_k > 0
+  int32_t id = -1;  // out: the token
 };
 
 // One device as the Decoder sees it. The residual stream of a batch lives on the device

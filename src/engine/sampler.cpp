@@ -61,6 +61,24 @@ void min_p(std::vector<TokenLogit>& cands, float p) {
   cands = std::move(kept);
 }
 
+int32_t finish(std::vector<TokenLogit>& cands, float top_p, float min_p, float temp, double u) {
+  FRINK_ASSERT(!cands.empty() && temp > 0.0f);
+  sampling::top_p(cands, top_p);
+  sampling::min_p(cands, min_p);
+  for (TokenLogit& c : cands) c.logit /= temp;
+  // Softmax over the survivors, max-subtracted, summed in double in candidate order.
+  const float max_logit = cands[argmax(cands)].logit;
+  double total = 0;
+  for (const TokenLogit& c : cands) total += std::exp(double(c.logit) - max_logit);
+  const double at = u * total;
+  double cum = 0;
+  for (const TokenLogit& c : cands) {
+    cum += std::exp(double(c.logit) - max_logit);
+    if (at < cum) return c.id;
+  }
+  return cands.back().id;
+}
+
 float penalized(float logit, int count, float repeat, float frequency, float presence) {
   const float l = logit <= 0 ? logit * repeat : logit / repeat;
   return l - (float(count) * frequency + presence);
@@ -89,12 +107,21 @@ Sampler::Sampler(SamplerParams params, int n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(seed_value(params.seed)) {
   FRINK_ASSERT(n_vocab > 0, "n_vocab {}", n_vocab);
   cands_.reserve(n_vocab);
+  for (double& u : uniform_) u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
 }
 
 void Sampler::reset() {
   history_.clear();
   counts_.clear();
   rng_.seed(seed_value(params_.seed));
+  for (double& u : uniform_) u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+}
+
+double Sampler::take_uniform() {
+  const double u = uniform_[0];
+  uniform_[0] = uniform_[1];
+  uniform_[1] = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  return u;
 }
 
 void Sampler::accept(int32_t token) {
@@ -124,6 +151,12 @@ std::optional<DevicePick> Sampler::device_pick() const {
   if (params_.temp > 0.0f) {
     if (params_.top_k <= 0 || params_.top_k >= n_vocab_) return std::nullopt;
     pick.top_k = params_.top_k;
+    pick.draw.top_p = params_.top_p;
+    pick.draw.min_p = params_.min_p;
+    if (params_.min_p > 0.0f) pick.draw.log_min_p = std::log(params_.min_p);
+    pick.draw.temp = params_.temp;
+    pick.draw.u = uniform_[0];
+    pick.draw.u_next = uniform_[1];
   }
   if (!counts_.empty() && !penalties_off(params_)) {
     pick.repeat = params_.repeat_penalty;
@@ -147,21 +180,6 @@ void Sampler::apply_penalties(std::vector<TokenLogit>& cands) const {
   }
 }
 
-// Softmax over the survivors, then one uniform draw in [0, 1) walked along the cumulative
-// mass (llama_sample_dist). The last candidate takes any rounding remainder.
-int32_t Sampler::draw(std::vector<TokenLogit>& cands) {
-  const float max_logit = cands[sampling::argmax(cands)].logit;
-  double total = 0;
-  for (const TokenLogit& c : cands) total += std::exp(double(c.logit) - max_logit);
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) * total;
-  double cum = 0;
-  for (const TokenLogit& c : cands) {
-    cum += std::exp(double(c.logit) - max_logit);
-    if (u < cum) return c.id;
-  }
-  return cands.back().id;
-}
-
 int32_t Sampler::sample(const float* logits) {
   FRINK_ASSERT(logits != nullptr);
   cands_.resize(n_vocab_);
@@ -171,20 +189,13 @@ int32_t Sampler::sample(const float* logits) {
   if (params_.temp <= 0.0f) return cands_[sampling::argmax(cands_)].id;
 
   sampling::top_k(cands_, params_.top_k);
-  return finish(cands_);
+  return sampling::finish(cands_, params_.top_p, params_.min_p, params_.temp, take_uniform());
 }
 
-int32_t Sampler::sample_top(std::vector<TokenLogit> top) {
-  FRINK_ASSERT(params_.temp > 0.0f && params_.top_k > 0 && top.size() == static_cast<size_t>(params_.top_k),
-               "sample_top needs the {} best candidates, got {}", params_.top_k, top.size());
-  return finish(top);
-}
-
-int32_t Sampler::finish(std::vector<TokenLogit>& cands) {
-  sampling::top_p(cands, params_.top_p);
-  sampling::min_p(cands, params_.min_p);
-  for (TokenLogit& c : cands) c.logit /= params_.temp;
-  return draw(cands);
+int32_t Sampler::take_device_draw(int32_t token) {
+  FRINK_ASSERT(token >= 0 && token < n_vocab_, "token {} of {}", token, n_vocab_);
+  if (params_.temp > 0.0f) take_uniform();
+  return token;
 }
 
 int32_t greedy_token(const float* logits, int64_t n) {

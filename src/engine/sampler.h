@@ -49,6 +49,11 @@ void top_k(std::vector<TokenLogit>& cands, int k);
 void top_p(std::vector<TokenLogit>& cands, float p);
 // Keeps logit >= max_logit + log(p), i.e. prob >= p * max prob (p <= 0: off).
 void min_p(std::vector<TokenLogit>& cands, float p);
+// The chain after top-k: top_p, min_p, logits divided by temp (> 0), then the token at
+// uniform u in [0, 1) along the softmax's cumulative mass (llama_sample_dist), the last
+// candidate taking any rounding remainder. A device finishing a sample (cuda/pick.cu) does
+// this arithmetic in this order.
+int32_t finish(std::vector<TokenLogit>& cands, float top_p, float min_p, float temp, double u);
 // Index into `cands` of the highest logit, first one on ties.
 size_t argmax(const std::vector<TokenLogit>& cands);
 // llama_sampler_penalties_apply for a token seen `count` times in the window: logit <= 0 ?
@@ -63,14 +68,25 @@ float penalized(float logit, int count, float repeat, float frequency, float pre
 // Sampler::sample returns at temp <= 0 without penalties).
 int32_t greedy_token(const float* logits, int64_t n);
 
-// The part of Sampler::sample a device can do next to the logits, so they need not cross to
-// the host: the penalties, then the argmax (top_k == 0: the whole of a greedy sample) or the
-// top_k best candidates, best first (logit descending, id ascending: sampling::top_k's
-// order), from which Sampler::sample_top finishes the chain.
+// The chain after top-k as a device runs it (sampling::finish's parameters), with the uniform
+// draws of this step and of the next, so the next step can be drawn before the host sees this
+// one's token (a decode step enqueued ahead).
+struct DeviceDraw {
+  float top_p = 1.0f, min_p = 0.0f;
+  float log_min_p = 0.0f;  // std::log(min_p), as sampling::min_p rounds it (min_p > 0)
+  float temp = 1.0f;
+  double u = 0.0, u_next = 0.0;
+};
+
+// Sampler::sample as a device can do it next to the logits, so they need not cross to the
+// host: the penalties, then the argmax (top_k == 0: a greedy sample) or the top_k best
+// candidates (logit descending, id ascending: sampling::top_k's order) finished by `draw`.
+// The caller hands the device's token to Sampler::take_device_draw.
 struct DevicePick {
   int top_k = 0;
   std::vector<int32_t> pen_ids, pen_counts;  // tokens in the penalty window and their counts
   float repeat = 1.0f, frequency = 0.0f, presence = 0.0f;
+  DeviceDraw draw;  // top_k > 0
 };
 
 class Sampler {
@@ -90,19 +106,20 @@ class Sampler {
   // What a device may do of the next sample() (see DevicePick); none when the chain needs
   // every logit (temp > 0 with top-k off or not below the vocabulary).
   std::optional<DevicePick> device_pick() const;
-  // Finishes sample() from the device's top-k of the penalised logits (device_pick().top_k
-  // candidates in sampling::top_k's order): top-p, min-p, temperature, draw. The same token
-  // and RNG draw as sample() on the full logits.
-  int32_t sample_top(std::vector<TokenLogit> top);
+  // The token a device picked with device_pick(): a draw at temp > 0 used this step's
+  // uniform, which the sampler moves past, as sample() would have.
+  int32_t take_device_draw(int32_t token);
 
  private:
   void apply_penalties(std::vector<TokenLogit>& cands) const;
-  int32_t finish(std::vector<TokenLogit>& cands);  // top-p, min-p, temperature, draw
-  int32_t draw(std::vector<TokenLogit>& cands);
+  double take_uniform();
 
   SamplerParams params_;
   int n_vocab_;
   std::mt19937 rng_;
+  // The next two uniform draws, taken from rng_ in order, so device_pick can hand a device
+  // the next step's as well: the stream of draws is the same whoever uses them.
+  double uniform_[2] = {0.0, 0.0};
   std::deque<int32_t> history_;                // the penalty window, oldest first
   std::unordered_map<int32_t, int> counts_;    // occurrences of each token in history_
   std::vector<TokenLogit> cands_;              // scratch, [n_vocab] at the start of sample()

@@ -259,10 +259,11 @@ TEST(SamplerPenalties, ApplyBeforeTopK) {
 }
 
 // The device split of sample(): device_pick's penalties and top-k computed here as a device
-// does (the llama.cpp penalty formula on the listed tokens, then sampling::top_k), and
-// sample_top finishing from them, draw the same token as sample() on the full logits, step
-// after step with the same seed. And device_pick declines what it cannot split.
-TEST(SamplerDevicePick, TopKPlusSampleTopEqualsSample) {
+// does (the llama.cpp penalty formula on the listed tokens, then sampling::top_k), finished by
+// sampling::finish with the pick's parameters and uniform, and handed to take_device_draw,
+// draw the same token as sample() on the full logits, step after step with the same seed;
+// each pick's next uniform is the next step's. And device_pick declines what it cannot split.
+TEST(SamplerDevicePick, TopKPlusFinishEqualsSample) {
   SamplerParams p;
   p.temp = 0.8f;
   p.top_k = 40;
@@ -274,6 +275,7 @@ TEST(SamplerDevicePick, TopKPlusSampleTopEqualsSample) {
   p.seed = 11;
   const int n_vocab = 3000;
   Sampler full(p, n_vocab), split(p, n_vocab);
+  double u_next = -1;
   for (int step = 0; step < 50; ++step) {
     std::vector<float> l = random_logits(n_vocab, 100 + step);
     l[17] = l[18] = 9.0f;  // a tie at the top: the lower id first
@@ -281,13 +283,19 @@ TEST(SamplerDevicePick, TopKPlusSampleTopEqualsSample) {
     const std::optional<DevicePick> pick = split.device_pick();
     ASSERT_TRUE(pick.has_value());
     ASSERT_EQ(pick->top_k, 40);
+    const DeviceDraw& d = pick->draw;
+    EXPECT_EQ(d.log_min_p, std::log(p.min_p));
+    if (step > 0) {
+      EXPECT_EQ(d.u, u_next) << "step " << step;
+    }
+    u_next = d.u_next;
     for (size_t i = 0; i < pick->pen_ids.size(); ++i) {
       float& v = l[static_cast<size_t>(pick->pen_ids[i])];
       v = sampling::penalized(v, pick->pen_counts[i], pick->repeat, pick->frequency, pick->presence);
     }
     std::vector<TokenLogit> top = cands_of(l);
     sampling::top_k(top, pick->top_k);
-    const int32_t got = split.sample_top(top);
+    const int32_t got = split.take_device_draw(sampling::finish(top, d.top_p, d.min_p, d.temp, d.u));
     ASSERT_EQ(got, want) << "step " << step;
     full.accept(want);
     split.accept(got);
@@ -298,6 +306,19 @@ TEST(SamplerDevicePick, TopKPlusSampleTopEqualsSample) {
   SamplerParams greedy = p;
   greedy.temp = 0.0f;
   EXPECT_EQ(Sampler(greedy, n_vocab).device_pick()->top_k, 0);  // the argmax
+}
+
+// A fixed seed replays its draws after reset(), the two looked ahead included.
+TEST(SamplerDevicePick, ResetReplaysTheUniforms) {
+  SamplerParams p;
+  p.seed = 5;
+  Sampler s(p, 100);
+  const DeviceDraw first = s.device_pick()->draw;
+  s.take_device_draw(3);
+  EXPECT_EQ(s.device_pick()->draw.u, first.u_next);
+  s.reset();
+  EXPECT_EQ(s.device_pick()->draw.u, first.u);
+  EXPECT_EQ(s.device_pick()->draw.u_next, first.u_next);
 }
 
 }  // namespace

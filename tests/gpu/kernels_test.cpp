@@ -1875,6 +1875,55 @@ TEST(CudaKernels, PenaltiesAndTopKMatchTheHostSampler) {
   }
 }
 
+// The draw on the device = sampling::finish on the same top k: random lists in top-k order
+// (a tie at the top, -inf at the tail), top-p and min-p off and on (min-p above 1 keeps the
+// first alone), temperatures below and above 1, uniforms 0, just below 1 and random; the
+// position it feeds one further.
+TEST(CudaKernels, DrawMatchesTheHostFinish) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(71);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  cuda::DrawDev* d = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&d, sizeof(cuda::DrawDev), cudaHostAllocMapped), cudaSuccess);
+  struct Chain {
+    float top_p, min_p, temp;
+  };
+  int moved = 0;  // draws whose token is not the first candidate: the walk itself was tested
+  for (int k : {1, 2, 40, 256}) {
+    for (const Chain c : {Chain{1.0f, 0.0f, 1.0f}, Chain{0.95f, 0.05f, 0.8f}, Chain{0.5f, 0.0f, 1.5f},
+                          Chain{1.0f, 0.2f, 0.3f}, Chain{0.9f, 1.5f, 1.0f}}) {
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<TokenLogit> top;
+        const auto v = random_floats(rng, k, 3.0f);
+        for (int i = 0; i < k; ++i) top.push_back({static_cast<int32_t>((i * 7717 + trial) % 50000), v[static_cast<size_t>(i)]});
+        if (k > 2 && trial % 2) top[1].logit = top[0].logit;  // equal values: ids decide the order
+        if (k > 2) top[static_cast<size_t>(k - 1)].logit = -INFINITY;
+        sampling::sort_desc(top);
+        const double u = trial == 0 ? 0.0 : trial == 1 ? std::nextafter(1.0, 0.0) : uni(rng);
+        std::vector<TokenLogit> host = top;
+        const int32_t want = sampling::finish(host, c.top_p, c.min_p, c.temp, u);
+        moved += want != top[0].id;
+        std::vector<int32_t> ids;
+        std::vector<float> vals;
+        for (const TokenLogit& t : top) {
+          ids.push_back(t.id);
+          vals.push_back(t.logit);
+        }
+        *d = {.u = u, .top_p = c.top_p, .min_p = c.min_p, .log_min_p = c.min_p > 0 ? std::log(c.min_p) : 0.0f,
+              .temp = c.temp};
+        Dev<int32_t> did(ids), pos(std::vector<int32_t>{9});
+        Dev<float> dv(vals);
+        cuda::launch_draw(did.p, dv.p, k, d, did.p, nullptr, pos.p);  // the token where the list was
+        EXPECT_EQ(did.get()[0], want) << "k " << k << " top_p " << c.top_p << " min_p " << c.min_p << " temp "
+                                      << c.temp << " u " << u;
+        EXPECT_EQ(pos.get()[0], 10);
+      }
+    }
+  }
+  EXPECT_GT(moved, 50);  // 71 with this seed
+  cudaFreeHost(d);
+}
+
 // Device argmax = greedy_token: random logits over vocabulary sizes around the grid's stride,
 // a tie for the largest value (the lower id wins), all -inf (id 0); with a position to
 // advance, the same id and the position one further.

@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -187,9 +188,10 @@ TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
   }
 }
 
-// Sampling with the next token picked on the device (penalties and top-k there, top-p /
-// min-p / temperature / the draw on the host from those k) gives exactly the tokens of the
-// same sampler fed the full logits layer by layer: same seed, same draws.
+// Sampling with the next token picked on the device (penalties, top-k, top-p, min-p,
+// temperature and the draw there) gives exactly the tokens of the same sampler fed the full
+// logits layer by layer: same seed, same draws. Without penalties the steps also run one
+// ahead, each drawn with the sampler's next uniform.
 TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   FRINK_REQUIRE_GPU();
   const char* rel = "llamacpp/quant/llama-dense-Q4_K_M.gguf";
@@ -204,6 +206,10 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   sp.frequency_penalty = 0.2f;
   sp.presence_penalty = 0.1f;
   sp.seed = 7;
+  struct Run {
+    std::vector<int32_t> tokens;
+    int64_t graph_steps, ahead;
+  };
   const auto run = [&](bool graphs, const SamplerParams& params) {
     DecoderOptions o = opts(DeviceChoice::kCuda, 512);
     o.hooks.no_token_graph = !graphs;
@@ -219,16 +225,24 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
       sampler.accept(out.back());
       out.push_back(dec.eval_next(s, out.back(), sampler));
     }
-    return std::make_pair(out, dec.whole_token_steps());
+    return Run{out, dec.whole_token_steps(), dec.steps_run_ahead()};
   };
-  const auto [picked, n_graph] = run(true, sp);
-  const auto [host, n_layered] = run(false, sp);
-  EXPECT_EQ(n_graph, 40);
-  EXPECT_EQ(n_layered, 0);
-  EXPECT_EQ(picked, host);
+  const Run picked = run(true, sp), host = run(false, sp);
+  EXPECT_EQ(picked.graph_steps, 40);
+  EXPECT_EQ(picked.ahead, 0);  // the penalties' window moves with each token
+  EXPECT_EQ(host.graph_steps, 0);
+  EXPECT_EQ(picked.tokens, host.tokens);
+  SamplerParams plain = sp;  // no penalties: steps run ahead
+  plain.repeat_penalty = 1.0f;
+  plain.frequency_penalty = plain.presence_penalty = 0.0f;
+  const Run ahead = run(true, plain);
+  EXPECT_EQ(ahead.tokens, run(false, plain).tokens);
+  EXPECT_GT(ahead.ahead, 30);
+  std::set<int32_t> distinct(ahead.tokens.begin(), ahead.tokens.end());
+  EXPECT_GT(distinct.size(), 5u);  // drawn, not a greedy loop
   SamplerParams greedy = sp;  // greedy with penalties: penalties and the argmax on the device
   greedy.temp = 0.0f;
-  EXPECT_EQ(run(true, greedy).first, run(false, greedy).first);
+  EXPECT_EQ(run(true, greedy).tokens, run(false, greedy).tokens);
 }
 
 // Two sequences taking turns on one Decoder (a server's slots), each with its own mirrors and
@@ -278,6 +292,13 @@ TEST(DeviceTokenGraph, StepsRunAheadEqualStepsRunWhenAsked) {
     // a, minus those, leave more than 30 to run ahead.
     expect_steps_ahead_equal_asked(*m, opts(DeviceChoice::kCuda, 512), {.prompt = 500, .first = 30, .last = 5}, rel, 30);
   }
+  // Sampled steps: each step ahead drawn with the sampler's next uniform, the same draws either way.
+  const char* rel = "llamacpp/quant/llama-dense-Q4_K_M.gguf";
+  const auto m = load_model((gpu_testdata() / rel).string());
+  const SamplerParams sampled{.temp = 0.9f, .top_k = 40, .top_p = 0.95f, .min_p = 0.02f, .seed = 5};
+  expect_steps_ahead_equal_asked(*m, opts(DeviceChoice::kCuda, 512),
+                                 {.prompt = 500, .first = 30, .last = 5, .sampling = sampled},
+                                 std::string(rel) + " sampled", 30);
 }
 
 // Forced refusal of any single layer (and of the head) gives the same result via the host.

@@ -1,8 +1,9 @@
 // The script the step-ahead tests run (DeviceTokenGraph in model_parity_test.cpp for attention
-// models, HybridDevice in delta_net_test.cpp for hybrids): once with greedy decode steps
+// models, HybridDevice in delta_net_test.cpp for hybrids): once with decode steps
 // enqueued one ahead (CudaBackend::run_token) and once with every step run only when asked,
 // expecting the same bits, through everything that must drop a step ahead or may adopt it:
-// a long greedy run, the caller's own token instead of the pick, a rewind of 3 tokens, a
+// a long run of decode steps (greedy, or drawn with one seeded sampler shared by both
+// sequences), the caller's own token instead of the pick, a rewind of 3 tokens, a
 // logits step (a new batch), the session assigned from a copy of itself, two sequences
 // taking turns.
 #pragma once
@@ -24,7 +25,8 @@ namespace frink::test {
 
 struct StepScript {
   int prompt = 0;           // prompt tokens, the parity tests' pattern
-  int first = 0, last = 0;  // greedy steps at the start and at the end
+  int first = 0, last = 0;  // decode steps at the start and at the end
+  SamplerParams sampling{.temp = 0.0f};  // how each decode step picks (greedy by default)
 };
 
 struct StepScriptRun {
@@ -37,7 +39,7 @@ inline StepScriptRun run_step_script(const Model& m, DecoderOptions o, const Ste
   const int64_t V = m.hp.n_vocab;
   o.hooks.no_step_ahead = !step_ahead;
   Decoder dec(m, o);
-  Sampler greedy(SamplerParams{.temp = 0.0f}, static_cast<int>(V));
+  Sampler sampler(sc.sampling, static_cast<int>(V));
   Session a(m, 0), b(m, 0);
   std::vector<int32_t> prompt;
   for (int i = 0; i < sc.prompt; ++i) prompt.push_back(static_cast<int32_t>((1 + 7 * i * i + 3 * i) % V));
@@ -46,7 +48,7 @@ inline StepScriptRun run_step_script(const Model& m, DecoderOptions o, const Ste
   dec.eval(a, prompt, false, logits);
   int32_t t = greedy_token(logits.data(), V);
   const auto steps = [&](Session& s, int n) {
-    for (int i = 0; i < n; ++i) r.tokens.push_back(t = dec.eval_next(s, t, greedy));
+    for (int i = 0; i < n; ++i) r.tokens.push_back(t = dec.eval_next(s, t, sampler));
   };
   steps(a, sc.first);
   t = static_cast<int32_t>((t + 1) % V);  // the caller's own token, not the pick: the step ahead is dropped
@@ -68,7 +70,7 @@ inline StepScriptRun run_step_script(const Model& m, DecoderOptions o, const Ste
   int32_t tb = greedy_token(logits.data(), V);
   for (int i = 0; i < 4; ++i) {  // two sequences taking turns: each call drops the other's step
     steps(a, 1);
-    r.tokens.push_back(tb = dec.eval_next(b, tb, greedy));
+    r.tokens.push_back(tb = dec.eval_next(b, tb, sampler));
   }
   steps(a, sc.last);
   r.ahead = dec.steps_run_ahead();
