@@ -2,7 +2,6 @@
 #include "cuda/pick.cuh"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 
 #include "cuda/cuda_check.h"
@@ -13,8 +12,9 @@ namespace frink::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kChunk = 1024;          // values per pass-1 block (4 per thread)
-constexpr int kMaxLists = 4 * kThreads;  // pass-1 blocks pass 2 can merge (n <= 1M)
+constexpr int kBlocks = 512;     // the first passes' grid: its blocks' best bound the k-th best (>= kPickMaxTopK)
+constexpr int kSortThreads = 1024;
+constexpr int kCandCap = 2048;   // candidates the last pass sorts in shared memory (16 KB)
 
 __global__ void penalties_kernel(float* logits, const PickDev* p) {
   const int n = p->n_pen;
@@ -28,90 +28,122 @@ __global__ void penalties_kernel(float* logits, const PickDev* p) {
   }
 }
 
-// (value, index, tag): the larger value wins, the lower index on equal values; (-inf,
-// INT_MAX) is "nothing", which any real entry (a real -inf too) beats.
-struct Cand {
-  float v;
-  int32_t i;
-  int32_t tag;
+// A candidate as one 64-bit key whose descending order is sampling::top_k's: the value's bits
+// made monotonic above, 0xffffffff - id below (the lower id first on equal values). Keys are
+// distinct; 0 is "nothing", below every real entry (-inf included).
+__device__ __forceinline__ uint64_t cand_key(float v, int64_t id) {
+  const uint32_t b = __float_as_uint(v);
+  const uint32_t ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<uint64_t>(ord) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
+}
+__device__ __forceinline__ float key_value(uint64_t key) {
+  const uint32_t ord = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
+}
+__device__ __forceinline__ int32_t key_id(uint64_t key) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key)); }
+__device__ __forceinline__ uint64_t max_key(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+// The block's largest key, in every thread (blockDim.x a multiple of 32, at most 1024).
+__device__ uint64_t block_max_key(uint64_t v) {
+  __shared__ uint64_t s_w[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max_key(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) s_w[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) v = max_key(v, s_w[w]);
+  __syncthreads();  // s_w may be written again by the next call
+  return v;
+}
+
+// s[0, n) (n a power of two) sorted descending by the block: a bitonic network.
+__device__ void sort_desc_keys(uint64_t* s, int n) {
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+        const int lo = ((i & ~(stride - 1)) << 1) | (i & (stride - 1)), hi = lo + stride;
+        const uint64_t a = s[lo], b = s[hi];
+        if ((lo & size) == 0 ? a < b : a > b) {  // the last merge (size == n) is descending
+          s[lo] = b;
+          s[hi] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+struct TopkScratch {
+  uint64_t block_max[kBlocks];
+  unsigned long long count;
+  uint64_t cand[kCandCap];
 };
 
-__device__ __forceinline__ void better(Cand& a, const Cand& b) {
-  if (b.v > a.v || (b.v == a.v && b.i < a.i)) a = b;
-}
-
-// The block's best candidate, in every thread.
-__device__ Cand block_best(Cand c) {
-  __shared__ Cand s_c[kThreads / 32];
-  __shared__ Cand s_best;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    Cand d{__shfl_xor_sync(0xffffffffu, c.v, o), __shfl_xor_sync(0xffffffffu, c.i, o),
-           __shfl_xor_sync(0xffffffffu, c.tag, o)};
-    better(c, d);
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) s_c[warp] = c;
-  __syncthreads();
+// Pass 1: block b's largest key of its chunk of x. The k-th largest of these bounds the
+// k-th best of all from below: k blocks hold a key at least that large.
+__global__ void __launch_bounds__(kThreads) topk_max_kernel(const float* x, int64_t n, int64_t chunk,
+                                                           TopkScratch* sc) {
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * chunk, end = min(n, base + chunk);
+  uint64_t best = 0;
+  for (int64_t i = base + threadIdx.x; i < end; i += kThreads) best = max_key(best, cand_key(x[i], i));
+  best = block_max_key(best);
   if (threadIdx.x == 0) {
-    Cand b = s_c[0];
-    for (int w = 1; w < kThreads / 32; ++w) better(b, s_c[w]);
-    s_best = b;
+    sc->block_max[blockIdx.x] = best;
+    if (blockIdx.x == 0) sc->count = 0;
   }
-  __syncthreads();
-  const Cand b = s_best;
-  __syncthreads();  // s_best and s_c may be written again by the next call
-  return b;
 }
 
-// Pass 1: block b keeps the k best of x[b * kChunk, ...), sorted, in vals/ids[b * k + r].
-__global__ void __launch_bounds__(kThreads) topk_chunk_kernel(const float* x, int64_t n, int k, float* vals,
-                                                             int32_t* ids) {
-  __shared__ float s_v[kChunk];
-  __shared__ bool s_taken[kChunk];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kChunk;
-  const int cnt = static_cast<int>(min(static_cast<int64_t>(kChunk), n - base));
-  for (int j = threadIdx.x; j < kChunk; j += kThreads) {
-    s_v[j] = j < cnt ? x[base + j] : -INFINITY;
-    s_taken[j] = j >= cnt;
-  }
+// Pass 2: every block finds that bound (sorting the blocks' maxima) and appends its chunk's
+// keys at or above it to the candidates: at least k, and every one of the k best.
+__global__ void __launch_bounds__(kThreads) topk_filter_kernel(const float* x, int64_t n, int64_t chunk, int blocks,
+                                                              int k, TopkScratch* sc) {
+  __shared__ uint64_t s[kBlocks];
+  for (int i = threadIdx.x; i < kBlocks; i += kThreads) s[i] = i < blocks ? sc->block_max[i] : 0;
   __syncthreads();
-  for (int r = 0; r < k; ++r) {
-    Cand c{-INFINITY, INT_MAX, 0};
-    for (int j = threadIdx.x; j < kChunk; j += kThreads)
-      if (!s_taken[j]) better(c, Cand{s_v[j], static_cast<int32_t>(base + j), j});
-    const Cand b = block_best(c);
-    if (threadIdx.x == 0) {
-      vals[static_cast<int64_t>(blockIdx.x) * k + r] = b.v;
-      ids[static_cast<int64_t>(blockIdx.x) * k + r] = b.i;
-      if (b.i != INT_MAX) s_taken[b.tag] = true;
+  sort_desc_keys(s, kBlocks);
+  const uint64_t bound = s[k - 1];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * chunk, end = min(n, base + chunk);
+  for (int64_t i = base + threadIdx.x; i < end; i += kThreads) {
+    const uint64_t key = cand_key(x[i], i);
+    if (key >= bound) {
+      const unsigned long long at = atomicAdd(&sc->count, 1ull);
+      if (at < kCandCap) sc->cand[at] = key;
     }
-    __syncthreads();
   }
 }
 
-// Pass 2: one block merges n_lists sorted lists of k (thread t owns lists t, t + 256, ...).
-__global__ void __launch_bounds__(kThreads) topk_merge_kernel(const float* vals, const int32_t* ids, int n_lists,
-                                                             int k, int32_t* out_ids, float* out_vals) {
+// Pass 3, one block: the candidates sorted, the k best out. More than kCandCap candidates
+// (ties wider than the cap at the bound: equal logits) take k rounds of the largest key
+// below the last over all of x, slow but exact.
+__global__ void __launch_bounds__(kSortThreads) topk_final_kernel(const float* x, int64_t n, int k,
+                                                                 const TopkScratch* sc, int32_t* out_ids,
+                                                                 float* out_vals) {
+  __shared__ uint64_t s[kCandCap];
   grid_dependents_launch();  // the draw may launch now and read its parameters, then wait
-  int head[kMaxLists / kThreads];
-#pragma unroll
-  for (int q = 0; q < kMaxLists / kThreads; ++q) head[q] = 0;
-  for (int r = 0; r < k; ++r) {
-    Cand c{-INFINITY, INT_MAX, -1};
-#pragma unroll
-    for (int q = 0; q < kMaxLists / kThreads; ++q) {
-      const int list = threadIdx.x + kThreads * q;
-      if (list < n_lists && head[q] < k) {
-        const int64_t at = static_cast<int64_t>(list) * k + head[q];
-        if (ids[at] != INT_MAX) better(c, Cand{vals[at], ids[at], list});
-      }
+  const unsigned long long count = sc->count;
+  if (count <= kCandCap) {
+    int size = 2;
+    while (size < static_cast<int>(count)) size <<= 1;
+    for (int i = threadIdx.x; i < size; i += kSortThreads) s[i] = i < static_cast<int>(count) ? sc->cand[i] : 0;
+    __syncthreads();
+    sort_desc_keys(s, size);
+    for (int r = threadIdx.x; r < k; r += kSortThreads) {
+      out_ids[r] = key_id(s[r]);
+      out_vals[r] = key_value(s[r]);
     }
-    const Cand b = block_best(c);
-    if (b.tag >= 0 && b.tag % kThreads == static_cast<int>(threadIdx.x)) ++head[b.tag / kThreads];
+    return;
+  }
+  uint64_t last = ~0ull;
+  for (int r = 0; r < k; ++r) {
+    uint64_t best = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kSortThreads) {
+      const uint64_t key = cand_key(x[i], i);
+      if (key < last) best = max_key(best, key);
+    }
+    last = block_max_key(best);
     if (threadIdx.x == 0) {
-      out_ids[r] = b.i;
-      out_vals[r] = b.v;
+      out_ids[r] = key_id(last);
+      out_vals[r] = key_value(last);
     }
   }
 }
@@ -180,20 +212,21 @@ void launch_penalties(float* logits, const PickDev* pick, cudaStream_t stream) {
   FRINK_CUDA_CHECK_LAUNCH();
 }
 
-size_t topk_scratch_bytes(int64_t n, int k) {
-  return static_cast<size_t>((n + kChunk - 1) / kChunk) * static_cast<size_t>(k) * (sizeof(float) + sizeof(int32_t));
-}
+size_t topk_scratch_bytes(int64_t, int) { return sizeof(TopkScratch); }
 
 void launch_topk(const float* x, int64_t n, int k, void* scratch, int32_t* out_ids, float* out_vals,
                  cudaStream_t stream) {
-  const int64_t n_lists = (n + kChunk - 1) / kChunk;
-  FRINK_CUDA_CHECK(k >= 1 && k <= kPickMaxTopK && k < n && n_lists <= kMaxLists ? cudaSuccess
-                                                                                : cudaErrorInvalidValue);
-  float* vals = static_cast<float*>(scratch);
-  int32_t* ids = reinterpret_cast<int32_t*>(vals + n_lists * k);
-  topk_chunk_kernel<<<static_cast<unsigned>(n_lists), kThreads, 0, stream>>>(x, n, k, vals, ids);
+  FRINK_CUDA_CHECK(k >= 1 && k <= kPickMaxTopK && k < n ? cudaSuccess : cudaErrorInvalidValue);
+  static_assert(kPickMaxTopK <= kBlocks && kPickMaxTopK <= kCandCap, "the bound needs k blocks");
+  // At least k blocks (k < n), at most kBlocks.
+  const int64_t chunk = (n + kBlocks - 1) / kBlocks;
+  const int blocks = static_cast<int>((n + chunk - 1) / chunk);
+  auto* sc = static_cast<TopkScratch*>(scratch);
+  topk_max_kernel<<<blocks, kThreads, 0, stream>>>(x, n, chunk, sc);
   FRINK_CUDA_CHECK_LAUNCH();
-  topk_merge_kernel<<<1, kThreads, 0, stream>>>(vals, ids, static_cast<int>(n_lists), k, out_ids, out_vals);
+  topk_filter_kernel<<<blocks, kThreads, 0, stream>>>(x, n, chunk, blocks, k, sc);
+  FRINK_CUDA_CHECK_LAUNCH();
+  topk_final_kernel<<<1, kSortThreads, 0, stream>>>(x, n, k, sc, out_ids, out_vals);
   FRINK_CUDA_CHECK_LAUNCH();
 }
 

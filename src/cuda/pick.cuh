@@ -40,8 +40,10 @@ struct DrawDev {
 };
 
 // The k largest of x[0, n) (1 <= k <= kPickMaxTopK, k < n), best first: value descending,
-// index ascending on ties (the host's sampling::top_k order). Two passes: blocks of 1024
-// values each keep their k best (in shared memory), then one block merges the sorted lists.
+// index ascending on ties (the host's sampling::top_k order). Three passes: up to 512 blocks
+// take their chunk's best; each block appends its chunk's candidates at or above the k-th
+// best of those; one block sorts the candidates (exact for any input; a slow path where
+// equal logits at the bound outnumber 2048).
 size_t topk_scratch_bytes(int64_t n, int k);
 void launch_topk(const float* x, int64_t n, int k, void* scratch, int32_t* out_ids, float* out_vals,
                  cudaStream_t stream);

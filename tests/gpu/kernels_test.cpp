@@ -1875,6 +1875,38 @@ TEST(CudaKernels, PenaltiesAndTopKMatchTheHostSampler) {
   }
 }
 
+// Top-k where equal logits at the k-th best outnumber what the kernels sort in one block
+// (2048 candidates; all equal, or 3000 tied at the top spread over the vocabulary): the
+// exact slow path, sampling::top_k's ids and values.
+TEST(CudaKernels, TopKOfWideTiesMatchesTheHostSampler) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  const int64_t n = 151936;
+  std::vector<std::vector<float>> inputs{std::vector<float>(static_cast<size_t>(n), 1.0f),
+                                         std::vector<float>(static_cast<size_t>(n), -INFINITY)};
+  auto spread = random_floats(rng, n, 2.0f);
+  for (int i = 0; i < 3000; ++i) spread[static_cast<size_t>((i * 50627) % n)] = 9.0f;
+  inputs.push_back(spread);
+  for (size_t c = 0; c < inputs.size(); ++c) {
+    for (int k : {1, 40, 256}) {
+      std::vector<TokenLogit> want;
+      for (int64_t i = 0; i < n; ++i) want.push_back({static_cast<int32_t>(i), inputs[c][static_cast<size_t>(i)]});
+      sampling::top_k(want, k);
+      Dev<float> dl(inputs[c]);
+      Dev<uint8_t> scratch(std::vector<uint8_t>(cuda::topk_scratch_bytes(n, k)));
+      Dev<int32_t> ids(std::vector<int32_t>(static_cast<size_t>(k), -1));
+      Dev<float> vals(static_cast<size_t>(k));
+      cuda::launch_topk(dl.p, n, k, scratch.p, ids.p, vals.p, nullptr);
+      const auto gi = ids.get();
+      const auto gv = vals.get();
+      for (int r = 0; r < k; ++r) {
+        ASSERT_EQ(gi[static_cast<size_t>(r)], want[static_cast<size_t>(r)].id) << "input " << c << " k " << k << " rank " << r;
+        ASSERT_EQ(gv[static_cast<size_t>(r)], want[static_cast<size_t>(r)].logit) << "input " << c << " k " << k;
+      }
+    }
+  }
+}
+
 // The draw on the device = sampling::finish on the same top k: random lists in top-k order
 // (a tie at the top, -inf at the tail), top-p and min-p off and on (min-p above 1 keeps the
 // first alone), temperatures below and above 1, uniforms 0, just below 1 and random; the
