@@ -468,7 +468,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   n_tok_ = n_tok;
   pos0_ = pos0;
   const Hparams& hp = m_.hp;
-  int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd, part = 0;
+  int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd;
   int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: stack experts (router rows), n_tok * slots, slots * n_ff_exp
   bool grouped_experts = false;               // some MoE layer takes moe_grouped_experts
   int64_t gdn_c = 0, gdn_v = 0, gdn_h = 0;    // delta net: conv channels, d_inner, value heads
@@ -495,8 +495,6 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     o_w = std::max(o_w, p.n_head * p.head_dim_v);
     ff = std::max(ff, 2 * p.n_ff);
     max_in = std::max({max_in, o_w, p.n_ff, p.ffn == FfnKind::kMoe ? p.moe.n_ff_shexp : int64_t{0}});
-    part = std::max(part, static_cast<int64_t>(attn_scratch_floats(n_tok, pos0 + n_tok, p.n_head, p.n_head_kv,
-                                                                    p.head_dim_k, p.head_dim_v)));
   }
   const auto fl = [n_tok](int64_t w) { return static_cast<size_t>(n_tok * w) * sizeof(float); };
   x_.ensure(fl(hp.n_embd));
@@ -514,7 +512,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   gate_.ensure(fl(ff));
   up_.ensure(fl(ff));
   hidden_.ensure(fl(ff));
-  partial_.ensure(static_cast<size_t>(part) * sizeof(float));
+  partial_.ensure(attn_partial_floats(n_tok, pos0 + n_tok) * sizeof(float));
   // act_ holds one prepared activation: n_tok rows, or a MoE down product's slot rows.
   act_.ensure(std::max(fl(max_in), static_cast<size_t>(slot_ff) * sizeof(float)));
   if (slots > 0) {
@@ -570,6 +568,14 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   FRINK_ASSERT(pos0 <= INT32_MAX, "position {} past the device's 32-bit positions", pos0);
   pos_host_[1] = static_cast<int32_t>(pos0);
   FRINK_CUDA_CHECK(cudaMemcpyAsync(pos_dev_, pos_host_ + 1, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+}
+
+size_t CudaBackend::attn_partial_floats(int64_t n_tok, int64_t max_keys) const {
+  size_t part = 0;
+  for (const LayerPlan& p : m_.hp.layers)
+    if (p.recurrent == RecurrentKind::kNone)
+      part = std::max(part, attn_scratch_floats(n_tok, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
+  return part;
 }
 
 void CudaBackend::upload(const float* x) {
@@ -1171,7 +1177,7 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
   FRINK_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     static constexpr int64_t kOneSegment[] = {1};  // a decode step: no cut; snapshots go after the replay
-    if (embed_in_graph()) {  // the token's row, its id at pick_ids_dev_[0]: a step ahead's is the pick before it
+    if (embeds_tokens()) {  // the token's row, its id at pick_ids_dev_[0]: a step ahead's is the pick before it
       EmbedParams e;
       e.type = w_.token_embd.type;
       e.w = w_.token_embd.w;
@@ -1358,7 +1364,7 @@ void CudaBackend::finish_step(int parity, bool pick, bool logits) {
 bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, RecurrentState* recurrent,
                                const TokenPick& pick) {
   const Hparams& hp = m_.hp;
-  if (!embed_in_graph() || pos1 > INT32_MAX || stage_half_ == 0) return false;
+  if (!embeds_tokens() || pos1 > INT32_MAX || stage_half_ == 0) return false;
   // A snapshot after the step would be copied out after its replay, by the host (run_token).
   if (recurrent && recurrent->wants_snapshot(pos1 + 1, pos1, pos1 + 1)) return false;
   std::vector<std::pair<int64_t, int>> rec_from;
@@ -1366,7 +1372,7 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
   const int64_t max_keys = token_key_bound(pos1);
   std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
   std::vector<Pending> pending;
-  size_t used = static_cast<size_t>(parity) * stage_half_, part = 0;
+  size_t used = static_cast<size_t>(parity) * stage_half_;
   const int ev0 = parity * copy_groups_;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
@@ -1390,9 +1396,8 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
     r.pd = staged_rows(cache, mirror, used);
     r.pd.event = ev0 + static_cast<int>(pending.size()) / kGraphCopyLayers;
     pending.push_back(r.pd);
-    part = std::max(part, attn_scratch_floats(1, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
   }
-  if (part * sizeof(float) > partial_.bytes || copy_events_.size() < static_cast<size_t>(2 * copy_groups_)) return false;
+  if (attn_partial_floats(1, max_keys) * sizeof(float) > partial_.bytes || copy_events_.size() < static_cast<size_t>(2 * copy_groups_)) return false;
   cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, pick.top_k, false, parity));
   if (!exec) return false;
   DeviceDraw draw = pick.draw;  // drawn with the next uniform, into the slot no step in flight reads
@@ -1441,7 +1446,6 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       // Everything that may synchronise, allocate or upload happens here, before the replay.
       const int64_t max_keys = token_key_bound(pos0);
       std::vector<LayerRun> runs(static_cast<size_t>(hp.n_layer));
-      size_t part = 0;
       for (int64_t il = 0; il < hp.n_layer; ++il) {
         const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
         FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_token with refused layer {}", il);
@@ -1456,17 +1460,17 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
         KvCache& cache = *caches[static_cast<size_t>(il)];
         FRINK_ASSERT(cache.rows() == pos0, "cache has {} rows at position {}", cache.rows(), pos0);
         runs[static_cast<size_t>(il)].kv = &ready_mirror(cache, p, 1);
-        part = std::max(part, attn_scratch_floats(1, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
       }
-      partial_.ensure(part * sizeof(float));
+      partial_.ensure(attn_partial_floats(1, max_keys) * sizeof(float));
       logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
-      if (embed_in_graph()) {  // the graph takes the token's row itself: its id where it reads it
+      if (embeds_tokens()) {  // the graph takes the token's row itself: its id where it reads it
         pos_host_[0] = token;  // nothing in flight reads it: begin_batch left the stream idle
         FRINK_CUDA_CHECK(
             cudaMemcpyAsync(pick_ids_dev_, pos_host_, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
       } else {
         // x through pinned memory: from the caller's pageable memory the copy is the driver's own
         // staging, synchronous on this thread (measured with KvMirror's fingerprint prefix).
+        FRINK_ASSERT(x, "run_token without the token's row on a device that does not embed tokens");
         const size_t xb = static_cast<size_t>(hp.n_embd) * sizeof(float);
         in_host_.ensure(xb);  // nothing in flight reads it: begin_batch left the stream idle
         std::memcpy(in_host_.p, x, xb);

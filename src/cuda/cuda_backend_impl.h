@@ -77,6 +77,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   void run_token(int64_t pos0, int32_t token, const float* x, std::span<KvCache* const> caches,
                  RecurrentState* recurrent, float* logits, TokenPick* pick) override;
   int64_t steps_run_ahead() const override { return n_ahead_; }
+  // A token graph takes its token's embedding row itself (its first kernel), where the
+  // embedding is on the device (DeviceWeights::token_embd): a step ahead's token is known
+  // only there.
+  bool embeds_tokens() const override { return static_cast<bool>(w_.token_embd); }
   std::string take_step_times() override;
   // RecurrentDeviceLink
   void pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) override;
@@ -141,6 +145,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // to the state's snapshot at pos.
   void stage_snapshot(RecurrentState& s, RecurrentMirror& rm, int64_t il, int64_t pos, int half);
   void clear_pending();  // a failed batch's bookkeeping, forgotten
+  // The attention's partial scratch (partial_) n_tok tokens against at most max_keys keys
+  // need, in floats: the largest of the attention layers'.
+  size_t attn_partial_floats(int64_t n_tok, int64_t max_keys) const;
   void enqueue_head(int64_t first, int64_t n);
   // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k and the draw; penalties: the pick's
   // penalties kernel first (a step without penalties, as every step ahead, has none: one
@@ -333,12 +340,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   ThreadPool append_pool_{static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u))};
   int32_t* pos_dev_ = nullptr;   // the batch's pos0, read by RoPE, the K/V append and attention
   // Pinned sources of the copies before a replay: [0] the token of a step run when asked
-  // (embed_in_graph), [1] begin_batch's position. A step ahead needs neither (launch_ahead).
+  // (embeds_tokens), [1] begin_batch's position. A step ahead needs neither (launch_ahead).
   int32_t* pos_host_ = nullptr;
-  // A token graph takes its token's embedding row itself (its first kernel), where the
-  // embedding is on the device (DeviceWeights::token_embd): a step ahead's token is known
-  // only there.
-  bool embed_in_graph() const { return static_cast<bool>(w_.token_embd); }
   // run_token's pick: the penalties (device, and the pinned copy sent before a replay), the
   // draw's parameters (pinned, a slot a parity, read by the graph's draw kernel itself), the
   // top k and the chosen id (device; the id's pinned landing place a slot a parity), scratch

@@ -120,7 +120,9 @@ void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* lo
   // reaches the device.
   std::vector<float>& x = x_;
   if (x.size() < static_cast<size_t>(n * hp.n_embd)) x.resize(static_cast<size_t>(n * hp.n_embd));
-  cpu::embed_tokens(m_, tokens, n, x.data());
+  const bool whole_token = token_graph_ && n == 1 && (logits_out || pick);
+  const bool device_embeds = whole_token && device_->embeds_tokens();
+  if (!device_embeds) cpu::embed_tokens(m_, tokens, n, x.data());
   // The sequence's caches, every layer's (a recurrent layer's stays empty), as the device
   // sees them, and its recurrent state (the device keeps its own copy of the layers it runs;
   // a host layer body reading the state pulls that copy first: RecurrentState's rule).
@@ -128,9 +130,9 @@ void Decoder::eval_batch(Session& s, const int32_t* tokens, int64_t n, float* lo
   if (device_)
     for (int64_t il = 0; il < hp.n_layer; ++il) caches.push_back(&s.cache(il));
   RecurrentState* rec = s.recurrent().empty() ? nullptr : &s.recurrent();
-  if (token_graph_ && n == 1 && (logits_out || pick)) {
+  if (whole_token) {
     for (int64_t il = 0; il <= hp.n_layer; ++il) refusals_.add(Refusal::kNone);
-    device_->run_token(pos0, tokens[0], x.data(), caches, rec, logits_out, pick);
+    device_->run_token(pos0, tokens[0], device_embeds ? nullptr : x.data(), caches, rec, logits_out, pick);
     ++whole_token_steps_;
     s.commit(tokens, n);
     return;

@@ -156,7 +156,8 @@ class DeviceBackend {
   virtual void output_logits(int64_t first, int64_t n, float* logits) = 0;
 
   // A whole decode step at once (DESIGN.md section 4), when every layer and the head run
-  // here: token (its host residual x [n_embd]) at position pos0 in; out, exactly one of:
+  // here: token (its host residual x [n_embd], null where embeds_tokens()) at position pos0
+  // in; out, exactly one of:
   // logits [n_vocab], or the next token chosen on the device (pick, see TokenPick).
   // caches[il] is layer il's host cache (rows() == pos0; a recurrent layer's is unused);
   // recurrent: the sequence's recurrent state (null when it has none). One submission and
@@ -164,13 +165,16 @@ class DeviceBackend {
   // ahead on the device. The same arithmetic as begin_batch(1, pos0, caches, recurrent),
   // upload, run_layer / run_recurrent_layer for each layer and output_logits(0, 1), bit for bit.
   //
-  // Step ahead: with a greedy pick (top_k 0, no penalties) the device may enqueue the NEXT
-  // step (position pos0 + 1, the picked token) before this call returns, so the device never
+  // Step ahead: with a pick without penalties (the argmax, or a draw, which takes the pick's
+  // next uniform) the device may enqueue the NEXT step (position pos0 + 1, the picked token)
+  // before this call returns, so the device never
   // waits for the host between tokens. That step touches no host state: the next run_token
   // with that position, token, caches and pick adopts it; any other call (begin_batch, another
   // run_token) first waits for it and drops it.
   virtual void run_token(int64_t pos0, int32_t token, const float* x, std::span<KvCache* const> caches,
                          RecurrentState* recurrent, float* logits, TokenPick* pick) = 0;
+  // Whether run_token takes its token's embedding row itself, so the caller need not.
+  virtual bool embeds_tokens() const { return false; }
   // run_token steps that found themselves already enqueued (step ahead), since construction.
   virtual int64_t steps_run_ahead() const { return 0; }
   // Where the run_token steps since the last call spent their time, one line (empty when none
