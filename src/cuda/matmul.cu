@@ -87,12 +87,7 @@ void dispatch(const MatmulParams* ps, int n, ActRound kind, bool x_ready, const 
       const Q8_0Act x = q8_0_act(p);
       if (!x_ready) launch_quantize_q8(p, x.q, x.d);
       StagedAct a{x.q, x.d, {}, nullptr};
-      if (fold) {
-        a.rms_parts = fold->parts;
-        a.rms_n_parts = static_cast<int>(fold->n / 32);
-        a.rms_n = static_cast<float>(fold->n);
-        a.rms_eps = fold->eps;
-      }
+      if (fold) a.fold = *fold;
       matvec_stream_launch<T>(ps, n, a);
       return;
     }

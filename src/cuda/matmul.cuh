@@ -37,7 +37,7 @@ struct NormFold {
   float* parts = nullptr;    // [n / 32] sums of x^2, one per 32-row block
   int64_t n = 0;
   float eps = 0.0f;
-  float* d() const { return reinterpret_cast<float*>(q + n); }
+  __host__ __device__ float* d() const { return reinterpret_cast<float*>(q + n); }
 };
 // Bytes of a NormFold's buffer for rows of n (q, d, then parts).
 inline size_t norm_fold_bytes(int64_t n) { return static_cast<size_t>(n) + 2 * sizeof(float) * static_cast<size_t>(n / 32); }

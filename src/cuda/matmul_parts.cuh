@@ -179,10 +179,8 @@ struct StagedAct {
   Q8KAct q8k;
   const float* x;
   // A folded norm's input (MatmulParams::fold_in; one token): q8 / d8 hold w * x's blocks, and
-  // each row's sum is scaled by rsqrt(sum(rms_parts) / rms_n + rms_eps). Null: no fold.
-  const float* rms_parts = nullptr;
-  int rms_n_parts = 0;
-  float rms_n = 0.0f, rms_eps = 0.0f;
+  // each row's sum is scaled by rsqrt(sum(fold.parts) / fold.n + fold.eps). Null parts: no fold.
+  NormFold fold{};
 };
 
 // Products of one input a stream launch holds at most (q/k/v).

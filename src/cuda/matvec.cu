@@ -168,10 +168,7 @@ struct Segs {
   StreamRope rope;
   bool routes;         // MatmulParams::route set (copied into `route`): matvec_narrow_kernel's RK
   RouteParams route;
-  // MatmulParams::fold_out (NormFold's fields; fold_q null: none): matvec_reg_kernel's Fold.
-  const float* fold_w;
-  int8_t* fold_q;
-  float *fold_d, *fold_parts;
+  NormFold fold;  // MatmulParams::fold_out (q null: none): matvec_reg_kernel's Fold
 };
 
 // The expert of this block's slot (grid row blockIdx.y) in an expert launch (0 otherwise),
@@ -662,15 +659,15 @@ __device__ __forceinline__ V ldw(const V* p) {
   }
 }
 
-// A folded norm's 1/rms (MatmulParams::fold_in, StagedAct::rms_parts), in every lane: the
+// A folded norm's 1/rms (MatmulParams::fold_in, StagedAct::fold), in every lane: the
 // producer's 32-row sums of x^2 added by the warp (a few L2 loads a lane, after the wait).
 // matvec_reg_kernel's Q4_0 / Q8_0 dot scales each block's raw scale by it and rounds that to
 // f16: the scale the host gives the normed row's block, so the quants and scales a product
 // dots are the norm launch's (up to the rounding of 1/rms), not off by an f16 rounding (2^-11).
 __device__ __forceinline__ float fold_rms_scale(const StagedAct& x) {
   float ss = 0.0f;
-  for (int i = threadIdx.x % 32; i < x.rms_n_parts; i += 32) ss += x.rms_parts[i];
-  return rsqrtf(warp_sum(ss) / x.rms_n + x.rms_eps);
+  for (int i = threadIdx.x % 32; i < x.fold.n / 32; i += 32) ss += x.fold.parts[i];
+  return rsqrtf(warp_sum(ss) / static_cast<float>(x.fold.n) + x.fold.eps);
 }
 
 // MatmulParams::fold_out's store (a block's 32 warps are rows 32 blockIdx.x + warp: one Q8_0
@@ -697,11 +694,11 @@ __device__ __forceinline__ void fold_store(const Segs& sg, const Args& first, in
   if (wv != 0) return;
   const float y = ys[lane];
   const Q8Elem e = q8_0_warp_block(y * w, true);
-  sg.fold_q[int64_t{blockIdx.x} * 32 + lane] = e.q;
+  sg.fold.q[int64_t{blockIdx.x} * 32 + lane] = e.q;
   const float ss = warp_sum(y * y);
   if (lane == 0) {
-    sg.fold_d[blockIdx.x] = e.d;
-    sg.fold_parts[blockIdx.x] = ss;
+    sg.fold.d()[blockIdx.x] = e.d;
+    sg.fold.parts[blockIdx.x] = ss;
   }
 }
 
@@ -750,7 +747,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
   // The norm's weight of row (block's 32) lane, for warp 0's fold: no kernel's output, read early.
   [[maybe_unused]] float fold_w = 0.0f;
   if constexpr (Fold)
-    if (threadIdx.x < 32) fold_w = sg.fold_w[int64_t{blockIdx.x} * 32 + threadIdx.x];
+    if (threadIdx.x < 32) fold_w = sg.fold.w[int64_t{blockIdx.x} * 32 + threadIdx.x];
   Args first = sg.a[0];
   const int64_t slot_e = block_slot_expert<0>(sg, first);  // (as in the stream kernel)
   {
@@ -981,7 +978,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
       const int8_t* const xq = x.q8 + 32 * lane;
       const float* const xd = x.d8 + lane;
       // MatmulParams::fold_in (one token): x's 1/rms, set after the wait (fold_rms_scale).
-      const bool folded = NT == 1 && !Fold && x.rms_parts;  // (a producer reads none: its registers)
+      const bool folded = NT == 1 && !Fold && x.fold.parts;  // (a producer reads none: its registers)
       float fold_s = 1.0f;
       auto compute = [&](const Pass& ps, int b0) {
   #pragma unroll
@@ -1504,7 +1501,7 @@ void stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   FRINK_CUDA_CHECK(!p.combine_w ? cudaSuccess : cudaErrorInvalidValue);
   // A NormFold in or out: only where matvec_reg_kernel takes the launch (the predicates say which).
   FRINK_CUDA_CHECK(!p.fold_out || (n == 1 && matmul_folds_norm(p)) ? cudaSuccess : cudaErrorInvalidValue);
-  if (x0.rms_parts)
+  if (x0.fold.parts)
     for (int i = 0; i < n; ++i)
       FRINK_CUDA_CHECK(ps[i].n_tok == 1 && !ps[i].slot_expert &&
                                matmul_takes_folded_norm(ps[i].type, ps[i].n_in, ps[i].rope && ps[i].rope->neox)
@@ -1550,14 +1547,10 @@ void stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
   }
   sg.plain = true;
   sg.slots_settled = p.slots_settled;
-  sg.fold_q = nullptr;
+  sg.fold = {};
   if (p.fold_out) {
-    const NormFold& f = *p.fold_out;
-    FRINK_CUDA_CHECK(f.n == p.n_out ? cudaSuccess : cudaErrorInvalidValue);
-    sg.fold_w = f.w;
-    sg.fold_q = f.q;
-    sg.fold_d = f.d();
-    sg.fold_parts = f.parts;
+    FRINK_CUDA_CHECK(p.fold_out->n == p.n_out ? cudaSuccess : cudaErrorInvalidValue);
+    sg.fold = *p.fold_out;
   }
   int64_t groups = 0;
   for (int i = 0; i < n; ++i) {
@@ -1656,7 +1649,7 @@ void stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
           // token against 2.257 / 2.257 (one call, alternating). So do Q4_K and Q6_K (their
           // branches of the kernel say why).
           if constexpr (T == kQ4_0X8 || T == kQ8_0X8) {
-            if (s.fold_q) {
+            if (s.fold.q) {
               // matmul_folds_norm: a block of 32 rows a row a warp (one Q8_0 block of the fold, one
               // block a SM; the same warps a SM as 8 blocks of 4). Measured with the fold's readers
               // (H200, 8B tg128 graph ms, one call, two rounds; the norm launches before): 8 layers
