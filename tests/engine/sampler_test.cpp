@@ -151,6 +151,43 @@ TEST(SamplerStages, TopPKeepsTheSmallestPrefixReachingP) {
   EXPECT_EQ(c.size(), 4u);
 }
 
+// Over a whole vocabulary (top-k off), the prefix top_p sorts round by round is the full
+// sort's, cut where the definition cuts it: peaked logits (a few tokens hold the mass) and
+// flat ones (thousands of tokens, every partial round and the final full sort).
+TEST(SamplerStages, TopPOverAVocabularyEqualsTheFullSortsPrefix) {
+  std::mt19937 rng(3);
+  for (float sd : {1.5f, 3.0f}) {
+    std::normal_distribution<float> nd(0.0f, sd);
+    std::vector<float> l(128256);
+    for (float& v : l) v = nd(rng);
+    if (sd < 2.0f) l[78] = l[77] = 16.0f;  // peaked (97.8% of the mass), a tie at the top
+    std::vector<TokenLogit> got = cands_of(l);
+    sampling::top_p(got, 0.95f);
+    std::vector<TokenLogit> want = cands_of(l);
+    const float max_logit = *std::max_element(l.begin(), l.end());
+    double total = 0;
+    for (const TokenLogit& c : want) total += std::exp(double(c.logit) - max_logit);  // id order
+    std::sort(want.begin(), want.end(), [](const TokenLogit& a, const TokenLogit& b) {
+      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    });
+    double cum = 0;
+    size_t keep = want.size();
+    for (size_t i = 0; i < want.size(); ++i)
+      if ((cum += std::exp(double(want[i].logit) - max_logit) / total) >= 0.95) {
+        keep = i + 1;
+        break;
+      }
+    want.resize(keep);
+    ASSERT_EQ(got.size(), want.size()) << "sd " << sd;
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i].id, want[i].id) << "sd " << sd << " rank " << i;
+    if (sd > 2.0f) {
+      EXPECT_GT(keep, 4096u);  // the flat case reached the last round
+    } else {
+      EXPECT_LT(keep, 256u);
+    }
+  }
+}
+
 TEST(SamplerStages, MinPIsRelativeToTheTopProbability) {
   std::vector<TokenLogit> c = cands_of(logits_for(kProbs));
   sampling::min_p(c, 0.2f);  // keeps p >= 0.1
