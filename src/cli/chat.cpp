@@ -36,6 +36,7 @@ void install_sigint() {
 }
 
 int run(const ChatArgs& a) {
+  a.sampling.check();  // before the model loads, not at the first reply
   auto m = load_model_for(a.model);
   auto tok = Tokenizer::from_gguf(m->file->metadata());
   Decoder dec(*m, decoder_options(a.model));

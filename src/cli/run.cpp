@@ -23,6 +23,7 @@ struct RunArgs {
 };
 
 int run(const RunArgs& a) {
+  a.sampling.check();  // before the model loads and the prompt is echoed
   auto m = load_model_for(a.model);
   auto tok = Tokenizer::from_gguf(m->file->metadata());
   std::string prompt = a.prompt;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/error.h"
 
@@ -110,6 +111,16 @@ size_t argmax(const std::vector<TokenLogit>& cands) {
 
 }  // namespace sampling
 
+// Out-of-range values mean what llama.cpp makes of them (temp <= 0 greedy, top-p >= 1 off,
+// min-p > 1 the top token alone); a NaN or infinity means nothing, and NaN failed every
+// stage's comparison (an assertion at the draw, `--temp nan`).
+void SamplerParams::check() const {
+  for (const auto& [name, v] : {std::pair{"temperature", temp}, {"top-p", top_p}, {"min-p", min_p},
+                                {"repeat penalty", repeat_penalty}, {"presence penalty", presence_penalty},
+                                {"frequency penalty", frequency_penalty}})
+    if (!std::isfinite(v)) fail("the {} must be a finite number, not {}", name, v);
+}
+
 namespace {
 
 uint32_t seed_value(int64_t seed) {
@@ -122,6 +133,7 @@ uint32_t seed_value(int64_t seed) {
 Sampler::Sampler(SamplerParams params, int n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(seed_value(params.seed)) {
   FRINK_ASSERT(n_vocab > 0, "n_vocab {}", n_vocab);
+  params.check();
   cands_.reserve(n_vocab);
   for (double& u : uniform_) u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
 }

@@ -30,6 +30,9 @@ struct SamplerParams {
   float frequency_penalty = 0;     // subtracted once per occurrence in the window
   int penalty_last_n = 64;         // window of accepted tokens; 0: off; < 0: all since reset()
   int64_t seed = -1;               // -1 (any negative): seeded from std::random_device
+
+  // Throws frink::Error naming a parameter that is NaN or infinite (the Sampler checks too).
+  void check() const;
 };
 
 struct TokenLogit {

@@ -47,6 +47,22 @@ TEST(Run, PromptLongerThanTheContextIsAOneLineError) {
   EXPECT_NE(r.err.find("context"), std::string::npos) << r.err;
 }
 
+// A sampling parameter that is NaN or infinite is refused before anything runs, by run and
+// by chat (which would otherwise fail only at its first reply).
+TEST(Run, NonFiniteSamplingParameterIsAOneLineError) {
+  FRINK_REQUIRE_SHARED();
+  const auto model = shared_testdata() / "models" / "stories260K.gguf";
+  for (const std::string cmd : {"run -p Once -n 4", "chat -n 4"}) {
+    for (const std::string opt : {"--temp nan", "--top-p inf", "--min-p -inf", "--repeat-penalty nan"}) {
+      auto r = run_frink(cmd + " -m " + model.string() + " " + opt);
+      EXPECT_EQ(r.exit_code, 1) << cmd << " " << opt;
+      EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+      EXPECT_NE(r.err.find("finite"), std::string::npos) << r.err;
+      EXPECT_EQ(r.out, "") << cmd << " " << opt;
+    }
+  }
+}
+
 TEST(Run, UnknownArchitectureIsAOneLineError) {
   FRINK_REQUIRE_SHARED();
   // A vocabulary-only file has an architecture frink does not run ("llama" vocab files

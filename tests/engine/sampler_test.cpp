@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/sampler.h"
 
 namespace frink {
@@ -343,6 +344,13 @@ TEST(SamplerDevicePick, TopKPlusFinishEqualsSample) {
   SamplerParams greedy = p;
   greedy.temp = 0.0f;
   EXPECT_EQ(Sampler(greedy, n_vocab).device_pick()->top_k, 0);  // the argmax
+}
+
+TEST(SamplerParams, NonFiniteValuesAreRefused) {
+  EXPECT_THROW(Sampler(SamplerParams{.temp = NAN}, 10), Error);
+  EXPECT_THROW(Sampler(SamplerParams{.top_p = INFINITY}, 10), Error);
+  EXPECT_THROW((SamplerParams{.frequency_penalty = -INFINITY}.check()), Error);
+  EXPECT_NO_THROW(Sampler(SamplerParams{.temp = -1.0f, .top_p = 2.0f, .min_p = 3.0f}, 10));  // llama.cpp's meanings
 }
 
 // A fixed seed replays its draws after reset(), the two looked ahead included.
