@@ -30,12 +30,15 @@ Runner add_bench(CLI::App& app) {
   };
   auto opt = std::make_shared<Options>();
   cmd->add_option("-m,--model", opt->model, "model file")->required();
-  cmd->add_option("-p,--n-prompt", opt->p.n_prompt, "prompt tokens (comma list)")->delimiter(',')->capture_default_str();
-  cmd->add_option("-n,--n-gen", opt->p.n_gen, "generated tokens (comma list)")->delimiter(',')->capture_default_str();
-  cmd->add_option("-d,--n-depth", opt->p.depths, "context depths (comma list)")->delimiter(',')->capture_default_str();
-  cmd->add_option("-r,--repetitions", opt->p.reps, "timed runs per test")->capture_default_str();
-  cmd->add_option("-t,--threads", opt->p.n_threads, "threads (0: one per core)");
-  cmd->add_option("-b,--batch-size", opt->p.n_batch, "prompt tokens per layer pass")->capture_default_str();
+  cmd->add_option("-p,--n-prompt", opt->p.n_prompt, "prompt tokens (comma list)")
+      ->delimiter(',')->capture_default_str()->check(at_least(0));
+  cmd->add_option("-n,--n-gen", opt->p.n_gen, "generated tokens (comma list)")
+      ->delimiter(',')->capture_default_str()->check(at_least(0));
+  cmd->add_option("-d,--n-depth", opt->p.depths, "context depths (comma list)")
+      ->delimiter(',')->capture_default_str()->check(at_least(0));
+  cmd->add_option("-r,--repetitions", opt->p.reps, "timed runs per test")->capture_default_str()->check(at_least(1));
+  cmd->add_option("-t,--threads", opt->p.n_threads, "threads (0: one per core)")->check(at_least(0));
+  cmd->add_option("-b,--batch-size", opt->p.n_batch, "prompt tokens per layer pass")->capture_default_str()->check(at_least(1));
   add_device_option(*cmd, opt->device);
   cmd->add_option("--peak-gbps", opt->p.peak_gbps,
                   "memory bandwidth limit in GB/s for the % peak column (default: the device's theoretical peak)");

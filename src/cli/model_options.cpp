@@ -12,11 +12,21 @@ namespace frink::cli {
 void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("-m,--model", o.model,
                  "model file (.gguf) or SafeTensors folder (default: $FRINK_MODEL, else the shipped models/frink-demo.gguf)");
-  cmd.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
+  cmd.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(at_least(0));
   cmd.add_option("-c,--ctx-size", o.ctx, "context size in tokens (default: 4096 or the model's if smaller; 0: the model's)");
-  cmd.add_option("-b,--batch-size", o.batch, "prompt tokens per batch")->check(CLI::PositiveNumber);
+  cmd.add_option("-b,--batch-size", o.batch, "prompt tokens per batch")->check(at_least(1));
   add_device_option(cmd, o.device);
   cmd.add_flag("-v,--verbose", o.verbose, "log more to stderr");
+}
+
+CLI::Validator at_least(int64_t lo) {
+  return CLI::Validator(
+      [lo](std::string& s) {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(s, v)) return fmt::format("{} is not a whole number", s);
+        return v < lo ? fmt::format("must be at least {}, not {}", lo, v) : std::string();
+      },
+      fmt::format(">={}", lo));
 }
 
 void add_device_option(CLI::App& cmd, std::string& name) {

@@ -28,6 +28,9 @@ void add_model_options(CLI::App& cmd, ModelOptions& o);
 void add_device_option(CLI::App& cmd, std::string& name);
 DeviceChoice device_choice(const std::string& name);
 void add_sampling_options(CLI::App& cmd, SamplerParams& p);
+// A check for integer options: every value at least lo ("-b must be at least 1, not 0"); CLI11's
+// own number checks print the whole double range.
+CLI::Validator at_least(int64_t lo);
 
 // Applies --verbose, resolves the model path and --device, loads the model.
 std::unique_ptr<Model> load_model_for(const ModelOptions& o);

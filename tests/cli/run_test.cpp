@@ -63,6 +63,19 @@ TEST(Run, NonFiniteSamplingParameterIsAOneLineError) {
   }
 }
 
+// Negative sizes and counts are refused when the options are read: before a table header
+// (bench printed its header, then failed on a depth, and ran nothing for a negative -p).
+TEST(Bench, NegativeSizesAreRefusedBeforeAnyOutput) {
+  FRINK_REQUIRE_SHARED();
+  const auto model = shared_testdata() / "models" / "stories260K.gguf";
+  for (const std::string opt : {"-p -4", "-n 8,-1", "-d 0,-5", "-r 0", "-t -2", "-b 0"}) {
+    auto r = run_frink("bench -m " + model.string() + " " + opt);
+    EXPECT_NE(r.exit_code, 0) << opt;
+    EXPECT_EQ(r.out, "") << opt;
+    EXPECT_NE(r.err.find("must be at least"), std::string::npos) << opt << ": " << r.err;
+  }
+}
+
 TEST(Run, UnknownArchitectureIsAOneLineError) {
   FRINK_REQUIRE_SHARED();
   // A vocabulary-only file has an architecture frink does not run ("llama" vocab files
