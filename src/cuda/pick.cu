@@ -1,7 +1,6 @@
 // Penalties and top-k next to the logits (see pick.cuh).
 #include "cuda/pick.cuh"
 
-#include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_check.h"
@@ -40,7 +39,9 @@ __device__ __forceinline__ float key_value(uint64_t key) {
   const uint32_t ord = static_cast<uint32_t>(key >> 32);
   return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
 }
-__device__ __forceinline__ int32_t key_id(uint64_t key) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key)); }
+__device__ __forceinline__ int32_t key_id(uint64_t key) {
+  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
+}
 __device__ __forceinline__ uint64_t max_key(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 // The block's largest key, in every thread (blockDim.x a multiple of 32, at most 1024).
@@ -73,6 +74,11 @@ __device__ void sort_desc_keys(uint64_t* s, int n) {
   }
 }
 
+// Why three passes: the first form (k rounds of a block-wide argmax in each of 126 blocks,
+// then k rounds merging their lists in one block) cost 73 us a token over the argmax at k 40
+// (8B Q4_0, H200), and a bitonic sort of 4096 candidates a block was slower still (one SM's
+// instruction rate). This one: 1.954 -> 1.906 ms a token at k 40 (greedy 1.880), 2.333 ->
+// 1.934 at k 256.
 struct TopkScratch {
   uint64_t block_max[kBlocks];
   unsigned long long count;
