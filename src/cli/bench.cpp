@@ -38,7 +38,8 @@ Runner add_bench(CLI::App& app) {
       ->delimiter(',')->capture_default_str()->check(at_least(0));
   cmd->add_option("-r,--repetitions", opt->p.reps, "timed runs per test")->capture_default_str()->check(at_least(1));
   cmd->add_option("-t,--threads", opt->p.n_threads, "threads (0: one per core)")->check(at_least(0));
-  cmd->add_option("-b,--batch-size", opt->p.n_batch, "prompt tokens per layer pass")->capture_default_str()->check(at_least(1));
+  cmd->add_option("-b,--batch-size", opt->p.n_batch, "prompt tokens per layer pass")
+      ->capture_default_str()->check(at_least(1));
   add_device_option(*cmd, opt->device);
   cmd->add_option("--peak-gbps", opt->p.peak_gbps,
                   "memory bandwidth limit in GB/s for the % peak column (default: the device's theoretical peak)");

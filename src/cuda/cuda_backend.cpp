@@ -1397,14 +1397,16 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
     r.pd.event = ev0 + static_cast<int>(pending.size()) / kGraphCopyLayers;
     pending.push_back(r.pd);
   }
-  if (attn_partial_floats(1, max_keys) * sizeof(float) > partial_.bytes || copy_events_.size() < static_cast<size_t>(2 * copy_groups_)) return false;
+  if (attn_partial_floats(1, max_keys) * sizeof(float) > partial_.bytes ||
+      copy_events_.size() < static_cast<size_t>(2 * copy_groups_))
+    return false;
   cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, pick.top_k, false, parity));
   if (!exec) return false;
   DeviceDraw draw = pick.draw;  // drawn with the next uniform, into the slot no step in flight reads
   draw.u = pick.draw.u_next;
   if (pick.top_k > 0) set_draw(parity, draw);
   // Nothing before the replay: its token's row is the graph's own first kernel, its id the
-  // step in flight's argmax (pick_ids_dev_), and that argmax advanced the position (a kernel
+  // step in flight's pick (pick_ids_dev_), and that pick advanced the position (a kernel
   // right before a replay made the replay itself about 23 us slower: 8B Q4_0, H200, a
   // one-block kernel there took the token 1.855 -> 1.878 ms of graph, 527.8 -> 514.9-517.7
   // t/s). The position's copy it replaces: 8B Q4_0 533.3 / 533.1 -> 533.7 / 534.0 t/s,

@@ -130,25 +130,26 @@ uint32_t seed_value(int64_t seed) {
 
 }  // namespace
 
-Sampler::Sampler(SamplerParams params, int n_vocab)
-    : params_(params), n_vocab_(n_vocab), rng_(seed_value(params.seed)) {
+Sampler::Sampler(SamplerParams params, int n_vocab) : params_(params), n_vocab_(n_vocab) {
   FRINK_ASSERT(n_vocab > 0, "n_vocab {}", n_vocab);
   params.check();
   cands_.reserve(n_vocab);
-  for (double& u : uniform_) u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  reset();  // seeds the RNG and draws the first two uniforms
 }
 
 void Sampler::reset() {
   history_.clear();
   counts_.clear();
   rng_.seed(seed_value(params_.seed));
-  for (double& u : uniform_) u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  for (double& u : uniform_) u = rng_uniform();
 }
+
+double Sampler::rng_uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
 double Sampler::take_uniform() {
   const double u = uniform_[0];
   uniform_[0] = uniform_[1];
-  uniform_[1] = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  uniform_[1] = rng_uniform();
   return u;
 }
 

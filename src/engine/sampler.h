@@ -115,7 +115,8 @@ class Sampler {
 
  private:
   void apply_penalties(std::vector<TokenLogit>& cands) const;
-  double take_uniform();
+  double rng_uniform();   // the RNG's next draw in [0, 1)
+  double take_uniform();  // this step's draw: uniform_[0], then one more from the RNG
 
   SamplerParams params_;
   int n_vocab_;
