@@ -50,8 +50,12 @@ int run(const RunArgs& a) {
   std::fprintf(stderr, "generation: %lld tokens in %.2f s (%.2f tok/s)%s\n", static_cast<long long>(st.n_generated),
                st.generate_seconds, st.n_generated / std::max(1e-9, st.generate_seconds),
                st.hit_eog ? ", stopped at end of text" : st.hit_context_limit ? ", context full" : "");
-  if (a.model.verbose)
+  if (a.model.verbose) {
     if (const std::string t = dec.take_device_step_times(); !t.empty()) std::fprintf(stderr, "device: %s\n", t.c_str());
+    if (dec.draws_handed_back() > 0)
+      std::fprintf(stderr, "device: %lld draws over the whole vocabulary handed back to the host (more survivors "
+                   "than its 256 best)\n", static_cast<long long>(dec.draws_handed_back()));
+  }
   return 0;
 }
 

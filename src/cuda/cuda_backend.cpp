@@ -72,8 +72,17 @@
 
 namespace frink::cuda {
 
-static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPickTopK,
+static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPickTopK &&
+                  kPickSumChunk == static_cast<int>(sampling::kSumChunk),
               "the engine's pick limits are the kernels'");
+
+// A token graph's pick (graph_key's pick_k): none (the logits out), the argmax, top-k and the
+// draw, or the draw over every logit.
+static constexpr int kNoPick = -1, kWholePick = kPickMaxTopK + 1;
+static int pick_kind(const TokenPick* p) { return !p ? kNoPick : p->whole_vocab ? kWholePick : p->top_k; }
+
+// Where a whole-vocabulary draw's chunk sums lie in pick_scratch_: after the top-k's scratch.
+static size_t draw_sums_offset(int64_t n_vocab) { return (topk_scratch_bytes(n_vocab, kPickMaxTopK) + 255) / 256 * 256; }
 
 namespace detail {
 
@@ -95,7 +104,7 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   // unified addressing (every 64-bit platform CUDA 13 runs on).
   FRINK_CUDA_CHECK(cudaHostAlloc(&draw_host_, 2 * sizeof(DrawDev), cudaHostAllocMapped));
   for (cudaEvent_t& e : step_done_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  pick_scratch_.ensure(std::max(argmax_scratch_bytes(), topk_scratch_bytes(m.hp.n_vocab, kPickMaxTopK)));
+  pick_scratch_.ensure(std::max(argmax_scratch_bytes(), draw_sums_offset(m.hp.n_vocab) + draw_sums_bytes(m.hp.n_vocab)));
 }
 
 CudaBackend::~CudaBackend() {
@@ -1128,22 +1137,22 @@ void CudaBackend::enqueue_residual_ffn(int64_t il, const LayerPlan& p, const Dev
 
 
 // Final norm, output projection (and softcap) of residual rows [first, first + n) into
-// logits_ (sized by the caller).
-void CudaBackend::enqueue_head(int64_t first, int64_t n) {
+// logits (logits_, sized by the caller).
+void CudaBackend::enqueue_head(int64_t first, int64_t n, float* logits) {
   const Hparams& hp = m_.hp;
   const int64_t E = hp.n_embd, V = hp.n_vocab;
   norm_rows(w_.output_norm, x_.f() + first * E, h_.f(), n, E, E, hp.norm == NormKind::kLayer);
   const int64_t saved = n_tok_;
   n_tok_ = n;  // the head runs on n rows only
-  matmul(w_.output, h_.f(), E, logits_.f(), V);
+  matmul(w_.output, h_.f(), E, logits, V);
   n_tok_ = saved;
-  if (hp.final_softcap > 0.0f) launch_softcap(logits_.f(), n * V, hp.final_softcap, stream_);
+  if (hp.final_softcap > 0.0f) launch_softcap(logits, n * V, hp.final_softcap, stream_);
 }
 
 void CudaBackend::output_logits(int64_t first, int64_t n, float* logits) {
   const int64_t V = m_.hp.n_vocab;
   logits_.ensure(static_cast<size_t>(n * V) * sizeof(float));
-  enqueue_head(first, n);
+  enqueue_head(first, n, logits_.f());
   copy_out_and_flush(logits_.f(), static_cast<size_t>(n * V), logits);
 }
 
@@ -1206,18 +1215,28 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
         forked = true;
       }
     }
-    enqueue_head(0, 1);
-    if (pick_k >= 0) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k and draw
-      if (penalties) launch_penalties(logits_.f(), pick_dev_, stream_);
+    // The logits in the parity's half of logits_: a step ahead (the other parity) leaves them
+    // for pick_logits.
+    const int64_t V = m_.hp.n_vocab;
+    float* logits = logits_.f() + parity * V;
+    enqueue_head(0, 1, logits);
+    if (pick_k != kNoPick) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k and draw
+      if (penalties) launch_penalties(logits, pick_dev_, stream_);
       // The pick advances the position for the step it feeds (a step ahead's; any other step
       // copies its own position first).
       if (pick_k == 0) {
-        launch_argmax(logits_.f(), m_.hp.n_vocab, pick_scratch_.p, pick_ids_dev_, stream_, pos_dev_);
+        launch_argmax(logits, V, pick_scratch_.p, pick_ids_dev_, stream_, pos_dev_);
       } else {
-        launch_topk(logits_.f(), m_.hp.n_vocab, pick_k, pick_scratch_.p, pick_ids_dev_, pick_vals_dev_, stream_);
+        const int k = pick_k == kWholePick ? kPickMaxTopK : pick_k;
+        launch_topk(logits, V, k, pick_scratch_.p, pick_ids_dev_, pick_vals_dev_, stream_);
         DrawDev* draw_dev = nullptr;
         FRINK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&draw_dev), draw_host_ + parity, 0));
-        launch_draw(pick_ids_dev_, pick_vals_dev_, pick_k, draw_dev, pick_ids_dev_, stream_, pos_dev_);
+        if (pick_k == kWholePick)
+          launch_draw_whole(logits, V, pick_ids_dev_, pick_vals_dev_, draw_dev,
+                            reinterpret_cast<double*>(static_cast<char*>(pick_scratch_.p) + draw_sums_offset(V)),
+                            pick_ids_dev_, stream_, pos_dev_);
+        else
+          launch_draw(pick_ids_dev_, pick_vals_dev_, k, draw_dev, pick_ids_dev_, stream_, pos_dev_);
       }
     }
     // The copies rejoin at the end, so the last group's copy runs beside the head, off its chain.
@@ -1284,8 +1303,8 @@ static bool same_draw(const DeviceDraw& a, const DeviceDraw& b) {
 bool CudaBackend::adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* const> caches, RecurrentState* recurrent,
                               const float* logits, const TokenPick* pick) {
   if (!ahead_.active) return false;
-  bool same = pos0 == ahead_.pos0 && token == ahead_.token && !logits && pick && pick->top_k == ahead_.pick_k &&
-              pick->n_pen == 0 && (pick->top_k == 0 || same_draw(pick->draw, ahead_.draw)) &&
+  bool same = pos0 == ahead_.pos0 && token == ahead_.token && !logits && pick && pick_kind(pick) == ahead_.pick_k &&
+              pick->n_pen == 0 && (ahead_.pick_k == 0 || same_draw(pick->draw, ahead_.draw)) &&
               recurrent == ahead_.recurrent &&
               std::equal(caches.begin(), caches.end(), ahead_.caches.begin(), ahead_.caches.end());
   for (size_t i = 0; same && i < ahead_.pending.size(); ++i) {
@@ -1349,7 +1368,8 @@ void CudaBackend::set_draw(int parity, const DeviceDraw& d) {
 }
 
 void CudaBackend::finish_step(int parity, bool pick, bool logits) {
-  if (logits) copy_out(logits_.f(), static_cast<size_t>(m_.hp.n_vocab));
+  const int64_t V = m_.hp.n_vocab;
+  if (logits) copy_out(logits_.f() + parity * V, static_cast<size_t>(V));
   if (pick)
     FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_ids_host_ + parity, pick_ids_dev_, sizeof(int32_t), cudaMemcpyDeviceToHost,
                                      stream_));
@@ -1400,11 +1420,12 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
   if (attn_partial_floats(1, max_keys) * sizeof(float) > partial_.bytes ||
       copy_events_.size() < static_cast<size_t>(2 * copy_groups_))
     return false;
-  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, pick.top_k, false, parity));
+  const int pick_k = pick_kind(&pick);
+  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, pick_k, false, parity));
   if (!exec) return false;
   DeviceDraw draw = pick.draw;  // drawn with the next uniform, into the slot no step in flight reads
   draw.u = pick.draw.u_next;
-  if (pick.top_k > 0) set_draw(parity, draw);
+  if (pick_k > 0) set_draw(parity, draw);
   // Nothing before the replay: its token's row is the graph's own first kernel, its id the
   // step in flight's pick (pick_ids_dev_), and that pick advanced the position (a kernel
   // right before a replay made the replay itself about 23 us slower: 8B Q4_0, H200, a
@@ -1417,7 +1438,7 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
   ahead_.active = true;
   ahead_.pos0 = pos1;
   ahead_.token = -1;  // known when the step in flight's pick lands
-  ahead_.pick_k = pick.top_k;
+  ahead_.pick_k = pick_k;
   ahead_.draw = draw;
   ahead_.caches.assign(caches.begin(), caches.end());
   ahead_.pending = std::move(pending);
@@ -1432,10 +1453,12 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
   const Hparams& hp = m_.hp;
   FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
   FRINK_ASSERT((logits != nullptr) != (pick != nullptr), "run_token returns the logits or a pick, one of them");
-  const int pick_k = pick ? pick->top_k : -1;
+  const int pick_k = pick_kind(pick);
   FRINK_ASSERT(!pick || (pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
+                         (!pick->whole_vocab || (pick->top_k == 0 && hp.n_vocab > kPickMaxTopK)) &&
                          pick->n_pen >= 0 && pick->n_pen <= kPickMaxPenalties),
-               "device pick of top {} with {} penalties", pick_k, pick ? pick->n_pen : 0);
+               "device pick of top {} (whole vocabulary: {}) with {} penalties", pick ? pick->top_k : -1,
+               pick && pick->whole_vocab, pick ? pick->n_pen : 0);
   using Clock = std::chrono::steady_clock;
   const bool timed = log_level() >= LogLevel::kDebug;
   const Clock::time_point t_enter = Clock::now();
@@ -1464,7 +1487,7 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
         runs[static_cast<size_t>(il)].kv = &ready_mirror(cache, p, 1);
       }
       partial_.ensure(attn_partial_floats(1, max_keys) * sizeof(float));
-      logits_.ensure(static_cast<size_t>(hp.n_vocab) * sizeof(float));
+      logits_.ensure(2 * static_cast<size_t>(hp.n_vocab) * sizeof(float));  // a half a parity
       if (embeds_tokens()) {  // the graph takes the token's row itself: its id where it reads it
         pos_host_[0] = token;  // nothing in flight reads it: begin_batch left the stream idle
         FRINK_CUDA_CHECK(
@@ -1539,6 +1562,7 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
     flush(step_done_[parity]);
     if (logits) std::memcpy(logits, out_host_.p, static_cast<size_t>(hp.n_vocab) * sizeof(float));
     if (pick) pick->id = pick_ids_host_[parity];
+    last_parity_ = parity;
     if (ahead_.active) ahead_.token = pick->id;
     if (timed) {  // flush waited for this step's end: both its events have completed
       float graph_ms = 0.0f;
@@ -1565,6 +1589,16 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
     staging_used_ = staging_landed_ = 0;
     throw;
   }
+}
+
+void CudaBackend::pick_logits(float* logits) {
+  const size_t V = static_cast<size_t>(m_.hp.n_vocab);
+  // On copy_stream_, beside a step ahead on stream_, which writes the other half of logits_.
+  out_host_.ensure(V * sizeof(float));  // nothing in flight reads it: a step ahead copies only its pick
+  FRINK_CUDA_CHECK(cudaMemcpyAsync(out_host_.p, logits_.f() + static_cast<size_t>(last_parity_) * V, V * sizeof(float),
+                                   cudaMemcpyDeviceToHost, copy_stream_));
+  FRINK_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  std::memcpy(logits, out_host_.p, V * sizeof(float));
 }
 
 std::string CudaBackend::take_step_times() {

@@ -82,6 +82,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // only there.
   bool embeds_tokens() const override { return static_cast<bool>(w_.token_embd); }
   std::string take_step_times() override;
+  void pick_logits(float* logits) override;
   // RecurrentDeviceLink
   void pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) override;
   void forget(const RecurrentState& s) noexcept override;
@@ -148,8 +149,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // The attention's partial scratch (partial_) n_tok tokens against at most max_keys keys
   // need, in floats: the largest of the attention layers'.
   size_t attn_partial_floats(int64_t n_tok, int64_t max_keys) const;
-  void enqueue_head(int64_t first, int64_t n);
-  // pick_k: -1 no pick (logits out), 0 argmax, k > 0 top-k and the draw; penalties: the pick's
+  void enqueue_head(int64_t first, int64_t n, float* logits);
+  // pick_k (pick_kind): -1 no pick (logits out), 0 argmax, 1..kPickMaxTopK top-k and the draw,
+  // kWholePick the draw over every logit; penalties: the pick's
   // penalties kernel first (a step without penalties, as every step ahead, has none: one
   // launch fewer at the token's end). parity: the position's, which picks the staging half,
   // copy events and draw parameters the graph bakes in.
@@ -286,7 +288,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
     bool active = false;
     int64_t pos0 = 0;
     int32_t token = -1;  // its input: the pick of the step before it, once that landed
-    int pick_k = 0;      // its pick: the argmax, or the top k and a draw with `draw`
+    int pick_k = 0;      // its pick (pick_kind): the argmax, or a draw with `draw`
     DeviceDraw draw;     // u: the uniform it drew with
     std::vector<KvCache*> caches;
     std::vector<Pending> pending;
@@ -352,7 +354,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   int32_t* pick_ids_dev_ = nullptr;  // [kPickMaxTopK]: the top k; [0] the token after the argmax or draw
   float* pick_vals_dev_ = nullptr;
   int32_t* pick_ids_host_ = nullptr;  // [2]
-  DevBuf pick_scratch_;
+  DevBuf pick_scratch_;              // the argmax's or top-k's, then a whole-vocabulary draw's chunk sums
+  int last_parity_ = 0;              // the last run_token's: its logits are logits_'s half of that parity
   // Captured token graphs by key, most recent last: a few, so sequences that take turns on
   // one backend (a server's slots) each keep theirs instead of recapturing every step.
   struct TokenGraph {

@@ -13,7 +13,9 @@ namespace {
 template <int T>
 __global__ void embed_row_kernel(const uint8_t* w, size_t row_bytes, int64_t n, float scale, const int32_t* id,
                                  float* x) {
-  const uint8_t* row = w + static_cast<int64_t>(*id) * row_bytes;
+  // An undecided draw's -1 (pick.cuh) reaches the step enqueued behind it, which is dropped:
+  // any row will do there, but not one outside the table.
+  const uint8_t* row = w + static_cast<int64_t>(max(*id, 0)) * row_bytes;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   if constexpr (kIsPlain<T>) {
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride) {

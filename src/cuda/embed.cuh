@@ -18,7 +18,7 @@ struct EmbedParams {
   size_t row_bytes = 0;
   int64_t n = 0;             // elements a row
   float scale = 0.0f;        // > 0: each element times it (Hparams::embd_scale)
-  const int32_t* id = nullptr;  // device: the row to take
+  const int32_t* id = nullptr;  // device: the row to take (< 0: row 0)
   float* x = nullptr;        // device: [n] out
   cudaStream_t stream = nullptr;
 };

@@ -29,9 +29,10 @@ __global__ void penalties_kernel(float* logits, const PickDev* p) {
 
 // A candidate as one 64-bit key whose descending order is sampling::top_k's: the value's bits
 // made monotonic above, 0xffffffff - id below (the lower id first on equal values). Keys are
-// distinct; 0 is "nothing", below every real entry (-inf included).
+// distinct; 0 is "nothing", below every real entry (-inf included). -0 is +0, as the host's
+// order compares them.
 __device__ __forceinline__ uint64_t cand_key(float v, int64_t id) {
-  const uint32_t b = __float_as_uint(v);
+  const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
   const uint32_t ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   return (static_cast<uint64_t>(ord) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
 }
@@ -154,61 +155,215 @@ __global__ void __launch_bounds__(kSortThreads) topk_final_kernel(const float* x
   }
 }
 
-// sampling::finish on the sorted top k: top-p and the draw's sums by thread 0 in candidate
-// order (double, rounded one operation at a time), the exps and divisions in parallel.
-__global__ void __launch_bounds__(kThreads) draw_kernel(const int32_t* ids, const float* vals, int k, const DrawDev* dp,
-                                                       int32_t* out, int32_t* advance) {
-  __shared__ float s_v[kPickMaxTopK];
-  __shared__ double s_e[kPickMaxTopK];
-  __shared__ int s_n;
-  const DrawDev d = *dp;  // host memory written before the launch: nothing before this kernel writes it
-  grid_dependency_wait();
-  const int t = threadIdx.x;
-  if (t < k) s_v[t] = vals[t];
+// The pieces of sampling::finish a block does on a list of at most kPickMaxTopK candidates in
+// shared memory, the arithmetic in the host's order: exps in parallel, the sums and walks by
+// thread 0 in candidate order (double, rounded one operation at a time).
+
+// s_e[i] = exp(s_v[i] - s_v[0]) for i < n: the sorted list's softmax terms at temperature 1.
+__device__ void exps_from_first(const float* s_v, double* s_e, int n) {
+  if (threadIdx.x < n) s_e[threadIdx.x] = exp(static_cast<double>(s_v[threadIdx.x]) - static_cast<double>(s_v[0]));
   __syncthreads();
-  int n = k;
-  if (d.top_p < 1.0f) {  // sampling::top_p: softmax at temperature 1; the list is sorted, s_v[0] its max
-    if (t < n) s_e[t] = exp(static_cast<double>(s_v[t]) - static_cast<double>(s_v[0]));
-    __syncthreads();
-    if (t == 0) {
-      double total = 0, cum = 0;
-      for (int i = 0; i < n; ++i) total = __dadd_rn(total, s_e[i]);
-      int keep = n;  // rounding left the sum just below p: keep all
-      for (int i = 0; i < n; ++i) {
-        cum = __dadd_rn(cum, __ddiv_rn(s_e[i], total));
-        if (cum >= d.top_p) {
-          keep = i + 1;
-          break;
-        }
-      }
-      s_n = keep;
-    }
-    __syncthreads();
-    n = s_n;
+}
+
+// sampling::top_p's walk (thread 0): the first i + 1 where the mass of the sorted list's terms
+// over `total` reaches p; 0 where it stays below p over all n.
+__device__ int top_p_walk(const double* s_e, int n, double total, float p) {
+  double cum = 0;
+  for (int i = 0; i < n; ++i) {
+    cum = __dadd_rn(cum, __ddiv_rn(s_e[i], total));
+    if (cum >= p) return i + 1;
   }
-  if (d.min_p > 0.0f) {  // sampling::min_p: sorted, so the kept ones are a prefix; at least the first
-    const float min_logit = __fadd_rn(s_v[0], d.log_min_p);
-    n = max(1, __syncthreads_count(t < n && s_v[t] >= min_logit));
-  }
-  if (t < n) s_v[t] = __fdiv_rn(s_v[t], d.temp);  // dividing by temp > 0 keeps s_v[0] the max
+  return 0;
+}
+
+// sampling::min_p on the sorted list s_v[0, n): the kept prefix, at least the first. Every
+// thread calls it.
+__device__ int min_p_keep(const float* s_v, int n, float min_logit) {
+  return max(1, __syncthreads_count(static_cast<int>(threadIdx.x) < n && s_v[threadIdx.x] >= min_logit));
+}
+
+// A softmax term of the draw: exp(v / temp - vmax / temp), as the host divides (a float each).
+__device__ __forceinline__ double temp_term(float v, float vmax, float temp) {
+  return exp(static_cast<double>(__fdiv_rn(v, temp)) - static_cast<double>(__fdiv_rn(vmax, temp)));
+}
+
+// The draw's end of sampling::finish on the list (s_v, s_id)[0, n), one chunk (n <= kPickSumChunk),
+// whose largest value is vmax: the token at u along the mass, into *out by thread 0.
+__device__ void draw_list(const float* s_v, const int32_t* s_id, double* s_e, int n, float vmax, const DrawDev& d,
+                          int32_t* out, int32_t* advance) {
+  if (static_cast<int>(threadIdx.x) < n) s_e[threadIdx.x] = temp_term(s_v[threadIdx.x], vmax, d.temp);
   __syncthreads();
-  if (t < n) s_e[t] = exp(static_cast<double>(s_v[t]) - static_cast<double>(s_v[0]));
-  __syncthreads();
-  if (t == 0) {
+  if (threadIdx.x == 0) {
     double total = 0, cum = 0;
     for (int i = 0; i < n; ++i) total = __dadd_rn(total, s_e[i]);
     const double at = __dmul_rn(d.u, total);
-    int32_t id = ids[n - 1];  // the last takes any rounding remainder
+    int32_t id = s_id[n - 1];  // the last takes any rounding remainder
     for (int i = 0; i < n; ++i) {
       cum = __dadd_rn(cum, s_e[i]);
       if (at < cum) {
-        id = ids[i];
+        id = s_id[i];
         break;
       }
     }
     *out = id;
     if (advance) ++*advance;
   }
+}
+
+// sampling::finish on the sorted top k.
+__global__ void __launch_bounds__(kThreads) draw_kernel(const int32_t* ids, const float* vals, int k, const DrawDev* dp,
+                                                       int32_t* out, int32_t* advance) {
+  __shared__ float s_v[kPickMaxTopK];
+  __shared__ int32_t s_id[kPickMaxTopK];
+  __shared__ double s_e[kPickMaxTopK];
+  __shared__ int s_n;
+  const DrawDev d = *dp;  // host memory written before the launch: nothing before this kernel writes it
+  grid_dependency_wait();
+  const int t = threadIdx.x;
+  if (t < k) {
+    s_v[t] = vals[t];
+    s_id[t] = ids[t];
+  }
+  __syncthreads();
+  const float vmax = s_v[0];
+  int n = k;
+  if (d.top_p < 1.0f) {  // sampling::top_p over the list alone; rounding short of p keeps all
+    exps_from_first(s_v, s_e, n);
+    if (t == 0) {
+      double total = 0;
+      for (int i = 0; i < n; ++i) total = __dadd_rn(total, s_e[i]);
+      const int keep = top_p_walk(s_e, n, total, d.top_p);
+      s_n = keep > 0 ? keep : n;
+    }
+    __syncthreads();
+    n = s_n;
+  }
+  if (d.min_p > 0.0f) n = min_p_keep(s_v, n, __fadd_rn(vmax, d.log_min_p));
+  draw_list(s_v, s_id, s_e, n, vmax, d, out, advance);
+}
+
+// Top-k off: what sampling::finish sums over every logit. Block c: the sum in order of chunk
+// c's terms, top-p's (temperature 1) when top-p is on, else the draw's when min-p is off too;
+// nothing when min-p decides from the list alone. vals[0]: the largest logit.
+__global__ void __launch_bounds__(kPickSumChunk) draw_sums_kernel(const float* x, int64_t n, const float* vals,
+                                                                 const DrawDev* dp, double* sums) {
+  __shared__ double s_e[kPickSumChunk];
+  const DrawDev d = *dp;
+  const bool top_p = d.top_p < 1.0f;
+  if (!top_p && d.min_p > 0.0f) return;
+  const float vmax = vals[0];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kPickSumChunk, i = base + threadIdx.x;
+  double e = 0;
+  if (i < n)
+    e = top_p ? exp(static_cast<double>(x[i]) - static_cast<double>(vmax)) : temp_term(x[i], vmax, d.temp);
+  s_e[threadIdx.x] = e;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int len = static_cast<int>(min(int64_t{kPickSumChunk}, n - base));
+    double sum = 0;
+    for (int j = 0; j < len; ++j) sum = __dadd_rn(sum, s_e[j]);
+    sums[blockIdx.x] = sum;
+  }
+}
+
+// sampling::finish over all n logits (top-k off) from their sorted top kPickMaxTopK and the
+// chunk sums: exact where those decide it, else *out = -1 (undecided).
+__global__ void __launch_bounds__(kThreads) draw_whole_kernel(const float* x, int64_t n, const int32_t* ids,
+                                                             const float* vals, const double* sums, const DrawDev* dp,
+                                                             int32_t* out, int32_t* advance) {
+  constexpr int k = kPickMaxTopK;
+  __shared__ float s_v[k];
+  __shared__ int32_t s_id[k];
+  __shared__ double s_e[k];
+  __shared__ double s_total, s_before, s_at;
+  __shared__ int s_n;
+  __shared__ int64_t s_chunk;
+  const DrawDev d = *dp;
+  grid_dependency_wait();
+  const int t = threadIdx.x;
+  const int64_t chunks = (n + kPickSumChunk - 1) / kPickSumChunk;
+  s_v[t] = vals[t];
+  s_id[t] = ids[t];
+  if (t == 0 && (d.top_p < 1.0f || d.min_p <= 0.0f)) {  // the mass of every logit, chunk sums in order
+    double total = 0;
+    for (int64_t c = 0; c < chunks; ++c) total = __dadd_rn(total, sums[c]);
+    s_total = total;
+  }
+  __syncthreads();
+  const float vmax = s_v[0];
+  const float min_logit = __fadd_rn(vmax, d.log_min_p);
+  // Min-p's survivors are fewer than the list, so all in it (a prefix of it).
+  const bool min_p_within = d.min_p > 0.0f && s_v[k - 1] < min_logit;
+  const auto undecided = [&] {
+    if (t == 0) {
+      *out = -1;
+      if (advance) ++*advance;
+    }
+  };
+  int len = 0;  // the survivors, a prefix of the sorted list
+  if (d.top_p < 1.0f) {
+    exps_from_first(s_v, s_e, k);
+    if (t == 0) s_n = top_p_walk(s_e, k, s_total, d.top_p);
+    __syncthreads();
+    len = s_n;
+    if (len > 0 && d.min_p > 0.0f) {
+      len = min_p_keep(s_v, len, min_logit);
+    } else if (len == 0) {  // the cut lies past the list: min-p's survivors, where they are fewer
+      if (!min_p_within) return undecided();
+      len = min_p_keep(s_v, k, min_logit);
+    }
+  } else if (d.min_p > 0.0f) {  // min-p alone keeps its survivors in id order
+    if (!min_p_within) return undecided();
+    len = min_p_keep(s_v, k, min_logit);
+    const float v = s_v[t];
+    const int32_t id = s_id[t];
+    int rank = 0;
+    for (int j = 0; j < len; ++j) rank += s_id[j] < id;
+    __syncthreads();
+    if (t < len) {
+      s_v[rank] = v;
+      s_id[rank] = id;
+    }
+    __syncthreads();
+  } else {  // nothing cuts: the draw over every logit in id order, by chunks
+    if (t == 0) {
+      const double at = __dmul_rn(d.u, s_total);
+      double before = 0;
+      int64_t c = 0;
+      for (; c < chunks; ++c) {  // no term of a chunk passed here reaches `at` (the sums only grow)
+        const double next = __dadd_rn(before, sums[c]);
+        if (at < next) break;
+        before = next;
+      }
+      s_chunk = c;
+      s_before = before;
+      s_at = at;
+    }
+    __syncthreads();
+    const int64_t c = s_chunk, base = c * kPickSumChunk;
+    if (c == chunks) {  // the last takes any rounding remainder
+      if (t == 0) {
+        *out = static_cast<int32_t>(n - 1);
+        if (advance) ++*advance;
+      }
+      return;
+    }
+    const int clen = static_cast<int>(min(int64_t{kPickSumChunk}, n - base));
+    if (t < clen) s_e[t] = temp_term(x[base + t], vmax, d.temp);
+    __syncthreads();
+    if (t == 0) {
+      double run = 0;
+      int j = 0;
+      for (; j < clen - 1; ++j) {
+        run = __dadd_rn(run, s_e[j]);
+        if (s_at < __dadd_rn(s_before, run)) break;
+      }
+      *out = static_cast<int32_t>(base + j);  // the chunk's sum passed `at`: its last if no earlier
+      if (advance) ++*advance;
+    }
+    return;
+  }
+  draw_list(s_v, s_id, s_e, len, vmax, d, out, advance);
 }
 
 }  // namespace
@@ -239,8 +394,20 @@ void launch_topk(const float* x, int64_t n, int k, void* scratch, int32_t* out_i
 void launch_draw(const int32_t* ids, const float* vals, int k, const DrawDev* d, int32_t* out, cudaStream_t stream,
                  int32_t* advance) {
   FRINK_CUDA_CHECK(k >= 1 && k <= kPickMaxTopK ? cudaSuccess : cudaErrorInvalidValue);
-  static_assert(kPickMaxTopK <= kThreads, "a thread a candidate");
+  static_assert(kPickMaxTopK <= kThreads && kPickMaxTopK <= kPickSumChunk, "a thread a candidate, one chunk");
   launch_dependent(draw_kernel, 1, kThreads, 0, stream, ids, vals, k, d, out, advance);
+}
+
+size_t draw_sums_bytes(int64_t n) { return static_cast<size_t>((n + kPickSumChunk - 1) / kPickSumChunk) * sizeof(double); }
+
+void launch_draw_whole(const float* x, int64_t n, const int32_t* ids, const float* vals, const DrawDev* d, double* sums,
+                       int32_t* out, cudaStream_t stream, int32_t* advance) {
+  FRINK_CUDA_CHECK(n > kPickMaxTopK ? cudaSuccess : cudaErrorInvalidValue);
+  static_assert(kPickMaxTopK == kThreads, "a thread a candidate");
+  const int64_t chunks = (n + kPickSumChunk - 1) / kPickSumChunk;
+  draw_sums_kernel<<<static_cast<unsigned>(chunks), kPickSumChunk, 0, stream>>>(x, n, vals, d, sums);
+  FRINK_CUDA_CHECK_LAUNCH();
+  launch_dependent(draw_whole_kernel, 1, kThreads, 0, stream, x, n, ids, vals, sums, d, out, advance);
 }
 
 }  // namespace frink::cuda

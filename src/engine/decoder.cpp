@@ -70,10 +70,12 @@ void Decoder::check_tokens(const Session& s, const int32_t* tokens, int64_t n) c
 int32_t Decoder::eval_next(Session& s, int32_t token, Sampler& sampler) {
   if (token_graph_ && m_.hp.n_vocab <= kMaxPickVocab) {
     std::optional<DevicePick> dp = sampler.device_pick();
-    if (dp && dp->top_k <= kMaxPickTopK && static_cast<int64_t>(dp->pen_ids.size()) <= kMaxPickPenalties) {
+    if (dp && dp->top_k <= kMaxPickTopK && static_cast<int64_t>(dp->pen_ids.size()) <= kMaxPickPenalties &&
+        (!dp->whole_vocab || m_.hp.n_vocab > kMaxPickTopK)) {
       check_tokens(s, &token, 1);
       TokenPick pick;
       pick.top_k = dp->top_k;
+      pick.whole_vocab = dp->whole_vocab;
       pick.pen_ids = dp->pen_ids.data();
       pick.pen_counts = dp->pen_counts.data();
       pick.n_pen = static_cast<int64_t>(dp->pen_ids.size());
@@ -82,7 +84,12 @@ int32_t Decoder::eval_next(Session& s, int32_t token, Sampler& sampler) {
       pick.presence = dp->presence;
       pick.draw = dp->draw;
       eval_batch(s, &token, 1, nullptr, false, &pick);
-      return sampler.take_device_draw(pick.id);
+      if (pick.id >= 0) return sampler.take_device_draw(pick.id);
+      // Undecided there (more survivors than the device's candidates): the same chain here.
+      ++draws_handed_back_;
+      next_logits_.resize(static_cast<size_t>(m_.hp.n_vocab));
+      device_->pick_logits(next_logits_.data());
+      return sampler.sample_penalized(next_logits_.data());
     }
   }
   eval(s, {token}, false, next_logits_);

@@ -89,12 +89,15 @@ struct DeviceHooks {
 // the host: penalties on the listed tokens (llama.cpp's: logit = logit <= 0 ? logit * repeat :
 // logit / repeat, then minus count * frequency + presence, rounded as the host rounds them),
 // then the argmax (top_k == 0) or the top_k best, logit descending and id ascending on ties
-// (the host sampler's top-k order), finished by `draw` as sampling::finish does.
+// (the host sampler's top-k order), finished by `draw` as sampling::finish does; or, with
+// whole_vocab (top_k == 0), `draw` over every logit (DevicePick::whole_vocab), which may come
+// back undecided: id -1, the penalised logits left for pick_logits.
 inline constexpr int64_t kMaxPickPenalties = 4096;
 inline constexpr int kMaxPickTopK = 256;
 inline constexpr int64_t kMaxPickVocab = int64_t{1} << 20;  // the top-k merge's list count
 struct TokenPick {
   int top_k = 0;
+  bool whole_vocab = false;  // needs n_vocab > kMaxPickTopK
   const int32_t* pen_ids = nullptr;
   const int32_t* pen_counts = nullptr;
   int64_t n_pen = 0;
@@ -173,6 +176,9 @@ class DeviceBackend {
   // run_token) first waits for it and drops it.
   virtual void run_token(int64_t pos0, int32_t token, const float* x, std::span<KvCache* const> caches,
                          RecurrentState* recurrent, float* logits, TokenPick* pick) = 0;
+  // The penalised logits [n_vocab] of the last run_token, whose whole-vocabulary pick came back
+  // undecided (id -1).
+  virtual void pick_logits(float* logits) = 0;
   // Whether run_token takes its token's embedding row itself, so the caller need not.
   virtual bool embeds_tokens() const { return false; }
   // run_token steps that found themselves already enqueued (step ahead), since construction.

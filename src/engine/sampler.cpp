@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "core/error.h"
@@ -12,6 +13,18 @@ namespace sampling {
 
 namespace {
 
+// The sum of term(i) over [0, n) in kSumChunk chunks (sampler.h).
+template <class Term>
+double chunked_sum(size_t n, Term term) {
+  double total = 0;
+  for (size_t c = 0; c < n; c += kSumChunk) {
+    double s = 0;
+    for (size_t i = c; i < std::min(n, c + kSumChunk); ++i) s += term(i);
+    total += s;
+  }
+  return total;
+}
+
 bool before(const TokenLogit& a, const TokenLogit& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
@@ -20,10 +33,50 @@ bool is_sorted_desc(const std::vector<TokenLogit>& cands) {
   return std::is_sorted(cands.begin(), cands.end(), before);
 }
 
+// A candidate as one 64-bit key whose ascending order is `before`'s: the value's bits made
+// monotonic (descending) above, the id below. -0 is +0, as `before` compares them.
+uint64_t ascending_key(const TokenLogit& c) {
+  uint32_t b;
+  const float v = c.logit == 0.0f ? 0.0f : c.logit;
+  std::memcpy(&b, &v, sizeof b);
+  const uint32_t desc = (b & 0x80000000u) ? b : ~(b | 0x80000000u);  // larger values smaller
+  return (uint64_t{desc} << 32) | static_cast<uint32_t>(c.id);
+}
+
+// [first, last) sorted in `before`'s order by an LSD radix sort of ascending_key, 16 bits a
+// pass (passes whose digit is the same everywhere skipped): a whole vocabulary's sort where
+// top-p keeps most of it (flat logits) took 19.4 ms a token with std::sort's rounds
+// (bench_sampler, dev machine).
+void radix_sort_desc(TokenLogit* first, TokenLogit* last) {
+  const size_t n = static_cast<size_t>(last - first);
+  // Kept between calls: fresh buffers' page faults and zeroing took a third of the time.
+  thread_local std::vector<uint64_t> a, b;
+  thread_local std::vector<size_t> count(size_t{1} << 16);
+  a.resize(n);
+  b.resize(n);
+  for (size_t i = 0; i < n; ++i) a[i] = ascending_key(first[i]);
+  for (int shift = 0; shift < 64; shift += 16) {
+    std::fill(count.begin(), count.end(), 0);
+    for (uint64_t k : a) ++count[(k >> shift) & 0xffff];
+    if (count[(a[0] >> shift) & 0xffff] == n) continue;
+    size_t at = 0;
+    for (size_t& c : count) at += std::exchange(c, at);
+    for (uint64_t k : a) b[count[(k >> shift) & 0xffff]++] = k;
+    a.swap(b);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t desc = static_cast<uint32_t>(a[i] >> 32);
+    const uint32_t bits = (desc & 0x80000000u) ? desc : ~desc & 0x7fffffffu;
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    first[i] = {static_cast<int32_t>(static_cast<uint32_t>(a[i])), v};
+  }
+}
+
 }  // namespace
 
 void sort_desc(std::vector<TokenLogit>& cands) {
-  if (!is_sorted_desc(cands)) std::sort(cands.begin(), cands.end(), before);
+  if (!is_sorted_desc(cands)) radix_sort_desc(cands.data(), cands.data() + cands.size());
 }
 
 void top_k(std::vector<TokenLogit>& cands, int k) {
@@ -35,36 +88,32 @@ void top_k(std::vector<TokenLogit>& cands, int k) {
 void top_p(std::vector<TokenLogit>& cands, float p) {
   if (p >= 1.0f || cands.empty()) return;
   // Softmax over the candidates at temperature 1, max-subtracted, its total summed in double
-  // in the candidates' order (sorted after top-k, which a device's draw repeats), so the cut
-  // does not move with the vocabulary size.
+  // in the candidates' order (sorted after top-k, id order without it) by chunks, which a
+  // device's draw repeats.
   const float max_logit = cands[argmax(cands)].logit;
-  double total = 0;
-  for (const TokenLogit& c : cands) total += std::exp(double(c.logit) - max_logit);
-  // The prefix is sorted only as far as the mass needs: a full sort of a 128256-token
-  // vocabulary (top-k off) took 13.7 ms a token on the dev machine, the mass usually a few
-  // hundred tokens. Each round sorts the next best of the rest, so the prefix is the full
-  // sort's.
-  const bool sorted = is_sorted_desc(cands);
-  double cum = 0;
-  for (size_t done = 0, want = 256;; want *= 4) {
-    const size_t upto = want >= cands.size() / 4 ? cands.size() : want;
-    if (!sorted) {
-      if (upto == cands.size())
-        std::sort(cands.begin() + static_cast<std::ptrdiff_t>(done), cands.end(), before);
-      else
-        std::partial_sort(cands.begin() + static_cast<std::ptrdiff_t>(done),
-                          cands.begin() + static_cast<std::ptrdiff_t>(upto), cands.end(), before);
-    }
-    for (size_t i = done; i < upto; ++i) {
-      cum += std::exp(double(cands[i].logit) - max_logit) / total;
-      if (cum >= p) {  // i + 1 >= min_keep (1) always holds
-        cands.resize(i + 1);
-        return;
-      }
-    }
-    if (upto == cands.size()) return;  // rounding left cum just below p: keep all, as llama.cpp does
-    done = upto;
+  const double total =
+      chunked_sum(cands.size(), [&](size_t i) { return std::exp(double(cands[i].logit) - max_logit); });
+  // The prefix is sorted only as far as the mass needs: first the best 256 (a partial sort;
+  // the mass is usually there), then, where it is not, the rest by a radix sort. A full sort
+  // of a 128256-token vocabulary took 13.7 ms a token (dev machine), and rounds of partial
+  // sorts growing 4x took 19.4 where top-p keeps most of it (flat logits); this: 0.76 ms
+  // peaked, 3.5 flat (bench_sampler).
+  const size_t head = std::min<size_t>(256, cands.size());
+  bool sorted_rest = true;
+  if (!is_sorted_desc(cands)) {
+    std::partial_sort(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(head), cands.end(), before);
+    sorted_rest = false;
   }
+  double cum = 0;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (i == head && !sorted_rest) radix_sort_desc(cands.data() + head, cands.data() + cands.size());
+    cum += std::exp(double(cands[i].logit) - max_logit) / total;
+    if (cum >= p) {  // i + 1 >= min_keep (1) always holds
+      cands.resize(i + 1);
+      return;
+    }
+  }
+  // Rounding left cum just below p: keep all, as llama.cpp does.
 }
 
 void min_p(std::vector<TokenLogit>& cands, float p) {
@@ -83,15 +132,18 @@ int32_t finish(std::vector<TokenLogit>& cands, float top_p, float min_p, float t
   sampling::top_p(cands, top_p);
   sampling::min_p(cands, min_p);
   for (TokenLogit& c : cands) c.logit /= temp;
-  // Softmax over the survivors, max-subtracted, summed in double in candidate order.
+  // Softmax over the survivors, max-subtracted, summed in double in candidate order by chunks.
   const float max_logit = cands[argmax(cands)].logit;
-  double total = 0;
-  for (const TokenLogit& c : cands) total += std::exp(double(c.logit) - max_logit);
-  const double at = u * total;
-  double cum = 0;
-  for (const TokenLogit& c : cands) {
-    cum += std::exp(double(c.logit) - max_logit);
-    if (at < cum) return c.id;
+  const auto term = [&](size_t i) { return std::exp(double(cands[i].logit) - max_logit); };
+  const double at = u * chunked_sum(cands.size(), term);
+  double before_chunk = 0;
+  for (size_t c = 0; c < cands.size(); c += kSumChunk) {
+    double run = 0;
+    for (size_t i = c; i < std::min(cands.size(), c + kSumChunk); ++i) {
+      run += term(i);
+      if (at < before_chunk + run) return cands[i].id;
+    }
+    before_chunk += run;
   }
   return cands.back().id;
 }
@@ -178,8 +230,11 @@ bool penalties_off(const SamplerParams& p) {
 std::optional<DevicePick> Sampler::device_pick() const {
   DevicePick pick;
   if (params_.temp > 0.0f) {
-    if (params_.top_k <= 0 || params_.top_k >= n_vocab_) return std::nullopt;
-    pick.top_k = params_.top_k;
+    if (params_.top_k >= n_vocab_) return std::nullopt;
+    if (params_.top_k > 0)
+      pick.top_k = params_.top_k;
+    else
+      pick.whole_vocab = true;
     pick.draw.top_p = params_.top_p;
     pick.draw.min_p = params_.min_p;
     if (params_.min_p > 0.0f) pick.draw.log_min_p = std::log(params_.min_p);
@@ -210,13 +265,24 @@ void Sampler::apply_penalties(std::vector<TokenLogit>& cands) const {
 }
 
 int32_t Sampler::sample(const float* logits) {
+  load(logits);
+  apply_penalties(cands_);
+  return sample_cands();
+}
+
+int32_t Sampler::sample_penalized(const float* logits) {
+  load(logits);
+  return sample_cands();
+}
+
+void Sampler::load(const float* logits) {
   FRINK_ASSERT(logits != nullptr);
   cands_.resize(n_vocab_);
   for (int32_t i = 0; i < n_vocab_; ++i) cands_[i] = {i, logits[i]};
+}
 
-  apply_penalties(cands_);
+int32_t Sampler::sample_cands() {
   if (params_.temp <= 0.0f) return cands_[sampling::argmax(cands_)].id;
-
   sampling::top_k(cands_, params_.top_k);
   return sampling::finish(cands_, params_.top_p, params_.min_p, params_.temp, take_uniform());
 }

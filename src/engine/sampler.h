@@ -44,6 +44,12 @@ struct TokenLogit {
 // in place and leaves at least one candidate when it got one.
 namespace sampling {
 
+// Sums of exps over a candidate list (top-p's mass, the draw's) are taken in chunks of
+// kSumChunk consecutive candidates: each chunk's terms in order, then the chunks' sums in
+// order, so a device can sum the chunks of a whole vocabulary in parallel and agree bit for
+// bit (cuda/pick.cu). A list of at most kSumChunk is one sum in order.
+inline constexpr size_t kSumChunk = 256;
+
 // Descending by logit, ties by ascending id, so every stage is deterministic.
 void sort_desc(std::vector<TokenLogit>& cands);
 // Keeps the k highest (sorted) when 0 < k < size.
@@ -54,8 +60,9 @@ void top_p(std::vector<TokenLogit>& cands, float p);
 void min_p(std::vector<TokenLogit>& cands, float p);
 // The chain after top-k: top_p, min_p, logits divided by temp (> 0), then the token at
 // uniform u in [0, 1) along the softmax's cumulative mass (llama_sample_dist), the last
-// candidate taking any rounding remainder. A device finishing a sample (cuda/pick.cu) does
-// this arithmetic in this order.
+// candidate taking any rounding remainder. The mass before a candidate is the sum of the
+// earlier chunks' sums plus its chunk's terms up to it (kSumChunk). A device finishing a
+// sample (cuda/pick.cu) does this arithmetic in this order.
 int32_t finish(std::vector<TokenLogit>& cands, float top_p, float min_p, float temp, double u);
 // Index into `cands` of the highest logit, first one on ties.
 size_t argmax(const std::vector<TokenLogit>& cands);
@@ -82,14 +89,21 @@ struct DeviceDraw {
 };
 
 // Sampler::sample as a device can do it next to the logits, so they need not cross to the
-// host: the penalties, then the argmax (top_k == 0: a greedy sample) or the top_k best
-// candidates (logit descending, id ascending: sampling::top_k's order) finished by `draw`.
-// The caller hands the device's token to Sampler::take_device_draw.
+// host: the penalties, then the argmax (top_k == 0: a greedy sample), or the top_k best
+// candidates (logit descending, id ascending: sampling::top_k's order) finished by `draw`,
+// or (whole_vocab: top-k off) `draw` over every logit. The caller hands the device's token
+// to Sampler::take_device_draw.
+//
+// whole_vocab: a device decides the chain from its best few candidates where they hold every
+// survivor (top-p's cut among them, or fewer min-p survivors than them), and from every
+// logit's exps where nothing cuts (top-p and min-p off); otherwise it hands the penalised
+// logits back for Sampler::sample_penalized.
 struct DevicePick {
   int top_k = 0;
+  bool whole_vocab = false;
   std::vector<int32_t> pen_ids, pen_counts;  // tokens in the penalty window and their counts
   float repeat = 1.0f, frequency = 0.0f, presence = 0.0f;
-  DeviceDraw draw;  // top_k > 0
+  DeviceDraw draw;  // top_k > 0 or whole_vocab
 };
 
 class Sampler {
@@ -99,6 +113,8 @@ class Sampler {
 
   // logits: [n_vocab] for the next position. Does not record the token: call accept().
   int32_t sample(const float* logits);
+  // sample() of logits the penalties were already applied to (by a device, DevicePick).
+  int32_t sample_penalized(const float* logits);
   // Records a token that entered the context (prompt or generated) for the penalties.
   void accept(int32_t token);
   // Forgets the penalty history and restarts the RNG from the seed, so a fixed seed
@@ -106,8 +122,8 @@ class Sampler {
   void reset();
 
   const SamplerParams& params() const { return params_; }
-  // What a device may do of the next sample() (see DevicePick); none when the chain needs
-  // every logit (temp > 0 with top-k off or not below the vocabulary).
+  // What a device may do of the next sample() (see DevicePick); none when top-k is not below
+  // the vocabulary.
   std::optional<DevicePick> device_pick() const;
   // The token a device picked with device_pick(): a draw at temp > 0 used this step's
   // uniform, which the sampler moves past, as sample() would have.
@@ -115,6 +131,8 @@ class Sampler {
 
  private:
   void apply_penalties(std::vector<TokenLogit>& cands) const;
+  void load(const float* logits);  // cands_ = every token with its logit, in id order
+  int32_t sample_cands();          // the chain after the penalties, on cands_
   double rng_uniform();   // the RNG's next draw in [0, 1)
   double take_uniform();  // this step's draw: uniform_[0], then one more from the RNG
 

@@ -152,9 +152,10 @@ TEST(SamplerStages, TopPKeepsTheSmallestPrefixReachingP) {
   EXPECT_EQ(c.size(), 4u);
 }
 
-// Over a whole vocabulary (top-k off), the prefix top_p sorts round by round is the full
-// sort's, cut where the definition cuts it: peaked logits (a few tokens hold the mass) and
-// flat ones (thousands of tokens, every partial round and the final full sort).
+// Over a whole vocabulary (top-k off), the prefix top_p sorts (its best 256 by a partial sort,
+// the rest by a radix sort where the mass needs it) is the full sort's, cut where the
+// definition cuts it: peaked logits (a few tokens hold the mass) and flat ones (thousands of
+// tokens, ties among them, zeros of both signs: the radix sort's order is `before`'s).
 TEST(SamplerStages, TopPOverAVocabularyEqualsTheFullSortsPrefix) {
   std::mt19937 rng(3);
   for (float sd : {1.5f, 3.0f}) {
@@ -162,12 +163,19 @@ TEST(SamplerStages, TopPOverAVocabularyEqualsTheFullSortsPrefix) {
     std::vector<float> l(128256);
     for (float& v : l) v = nd(rng);
     if (sd < 2.0f) l[78] = l[77] = 16.0f;  // peaked (97.8% of the mass), a tie at the top
+    if (sd > 2.0f)  // flat: many equal values (ids decide their order), and zeros of both signs
+      for (size_t i = 0; i < l.size(); ++i) l[i] = i % 1000 == 0 ? (i % 2000 ? -0.0f : 0.0f) : std::round(l[i] * 16) / 16;
     std::vector<TokenLogit> got = cands_of(l);
     sampling::top_p(got, 0.95f);
     std::vector<TokenLogit> want = cands_of(l);
     const float max_logit = *std::max_element(l.begin(), l.end());
-    double total = 0;
-    for (const TokenLogit& c : want) total += std::exp(double(c.logit) - max_logit);  // id order
+    double total = 0;  // id order, by chunks of sampling::kSumChunk
+    for (size_t c = 0; c < want.size(); c += sampling::kSumChunk) {
+      double sum = 0;
+      for (size_t i = c; i < std::min(want.size(), c + sampling::kSumChunk); ++i)
+        sum += std::exp(double(want[i].logit) - max_logit);
+      total += sum;
+    }
     std::sort(want.begin(), want.end(), [](const TokenLogit& a, const TokenLogit& b) {
       return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
     });
@@ -182,7 +190,7 @@ TEST(SamplerStages, TopPOverAVocabularyEqualsTheFullSortsPrefix) {
     ASSERT_EQ(got.size(), want.size()) << "sd " << sd;
     for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i].id, want[i].id) << "sd " << sd << " rank " << i;
     if (sd > 2.0f) {
-      EXPECT_GT(keep, 4096u);  // the flat case reached the last round
+      EXPECT_GT(keep, 4096u);  // the flat case reached the radix sort
     } else {
       EXPECT_LT(keep, 256u);
     }
@@ -340,10 +348,64 @@ TEST(SamplerDevicePick, TopKPlusFinishEqualsSample) {
   }
   SamplerParams no_k = p;
   no_k.top_k = 0;
-  EXPECT_FALSE(Sampler(no_k, n_vocab).device_pick().has_value());  // needs every logit
+  const std::optional<DevicePick> whole = Sampler(no_k, n_vocab).device_pick();
+  ASSERT_TRUE(whole.has_value());  // the draw over every logit
+  EXPECT_TRUE(whole->whole_vocab);
+  EXPECT_EQ(whole->top_k, 0);
+  no_k.top_k = n_vocab;
+  EXPECT_FALSE(Sampler(no_k, n_vocab).device_pick().has_value());  // top-k not below the vocabulary
   SamplerParams greedy = p;
   greedy.temp = 0.0f;
   EXPECT_EQ(Sampler(greedy, n_vocab).device_pick()->top_k, 0);  // the argmax
+}
+
+// sample_penalized (a device's penalised logits handed back) draws what sample() draws from
+// the raw logits, step after step with the same seed and window; top-k off, top-p 1 and min-p
+// off: the draw over every token, whose mass sums by chunks (sampling::kSumChunk).
+TEST(SamplerDevicePick, SamplePenalizedEqualsSample) {
+  const SamplerParams p{.temp = 1.1f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .repeat_penalty = 1.3f,
+                        .frequency_penalty = 0.2f, .seed = 3};
+  const int n_vocab = 1000;
+  Sampler raw(p, n_vocab), pen(p, n_vocab);
+  std::set<int32_t> drawn;
+  for (int step = 0; step < 40; ++step) {
+    std::vector<float> l = random_logits(n_vocab, 500 + step);
+    const int32_t want = raw.sample(l.data());
+    const std::optional<DevicePick> pick = pen.device_pick();
+    ASSERT_TRUE(pick.has_value() && pick->whole_vocab);
+    for (size_t i = 0; i < pick->pen_ids.size(); ++i) {
+      float& v = l[static_cast<size_t>(pick->pen_ids[i])];
+      v = sampling::penalized(v, pick->pen_counts[i], pick->repeat, pick->frequency, pick->presence);
+    }
+    ASSERT_EQ(pen.sample_penalized(l.data()), want) << "step " << step;
+    raw.accept(want);
+    pen.accept(want);
+    drawn.insert(want);
+  }
+  EXPECT_GT(drawn.size(), 20u);  // spread over the vocabulary: chunks past the first were walked
+}
+
+// finish's mass by chunks: where the draw's point reaches the mass through a candidate of the
+// third chunk (the earlier chunks' sums plus its chunk's terms up to it, sampler.h), the draw
+// is the candidate after it; just below, the candidate itself.
+TEST(SamplerStages, FinishWalksTheMassByChunks) {
+  std::vector<TokenLogit> cands;
+  for (int i = 0; i < 700; ++i) cands.push_back({i, static_cast<float>((i * 37) % 11) * 0.3f});
+  const float max_logit = cands[sampling::argmax(cands)].logit;
+  const auto term = [&](int i) { return std::exp(double(cands[static_cast<size_t>(i)].logit) - max_logit); };
+  const auto chunk_sum = [&](int from, int to) {
+    double sum = 0;
+    for (int i = from; i < to; ++i) sum += term(i);
+    return sum;
+  };
+  const double total = (chunk_sum(0, 256) + chunk_sum(256, 512)) + chunk_sum(512, 700);
+  const double mass = (chunk_sum(0, 256) + chunk_sum(256, 512)) + chunk_sum(512, 601);  // through candidate 600
+  double u = mass / total;  // the least u whose point u * total reaches the mass
+  while (u * total < mass) u = std::nextafter(u, 1.0);
+  while (std::nextafter(u, 0.0) * total >= mass) u = std::nextafter(u, 0.0);
+  std::vector<TokenLogit> a = cands, b = cands;
+  EXPECT_EQ(sampling::finish(a, 1.0f, 0.0f, 1.0f, u), 601);
+  EXPECT_EQ(sampling::finish(b, 1.0f, 0.0f, 1.0f, std::nextafter(u, 0.0)), 600);
 }
 
 TEST(SamplerParams, NonFiniteValuesAreRefused) {

@@ -1956,6 +1956,98 @@ TEST(CudaKernels, DrawMatchesTheHostFinish) {
   cudaFreeHost(d);
 }
 
+// Top-k off: the draw over every logit on the device = sampling::finish over the whole
+// vocabulary (id order), or -1 exactly where the device's 256 best cannot decide it (the host's
+// survivors are at least 256). Vocabularies with a short last chunk; peaked logits (a few far
+// above the rest: top-p's cut and min-p's survivors among the 256), flat ones (neither);
+// top-p alone, min-p alone (its survivors re-ordered by id), both, neither (the draw over
+// every logit by chunk sums), min-p above 1; uniforms 0, just below 1, random, and at the
+// chunked mass through a random token and just below it, where any other order of the sums
+// would move the token.
+TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(73);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  cuda::DrawDev* d = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&d, sizeof(cuda::DrawDev), cudaHostAllocMapped), cudaSuccess);
+  struct Chain {
+    float top_p, min_p, temp;
+  };
+  int decided = 0, undecided = 0, moved = 0, far = 0;
+  for (int64_t n : {1000, 32000, 151936}) {
+    Dev<uint8_t> scratch(std::vector<uint8_t>(cuda::topk_scratch_bytes(n, cuda::kPickMaxTopK)));
+    Dev<double> sums(static_cast<size_t>(cuda::draw_sums_bytes(n) / sizeof(double)));
+    for (const bool peaked : {true, false}) {
+      auto x = random_floats(rng, n, peaked ? 2.0f : 0.3f);
+      if (peaked)
+        for (int i = 0; i < 12; ++i) x[static_cast<size_t>((i * 7919 + 5) % n)] = 14.0f - 0.5f * i;
+      Dev<float> dx(x);
+      Dev<int32_t> ids(std::vector<int32_t>(cuda::kPickMaxTopK));
+      Dev<float> vals(static_cast<size_t>(cuda::kPickMaxTopK));
+      cuda::launch_topk(dx.p, n, cuda::kPickMaxTopK, scratch.p, ids.p, vals.p, nullptr);
+      for (const Chain c : {Chain{0.9f, 0.0f, 1.0f}, Chain{1.0f, 0.05f, 0.7f}, Chain{0.95f, 0.05f, 1.3f},
+                            Chain{1.0f, 0.0f, 1.0f}, Chain{1.0f, 0.0f, 0.6f}, Chain{0.8f, 1.5f, 1.0f}}) {
+        // The host's mass through a random token, by chunks, for the boundary uniforms (top-p
+        // and min-p off: the list is the whole vocabulary in id order).
+        std::vector<double> terms(static_cast<size_t>(n));
+        float vmax = x[0];
+        for (float v : x) vmax = std::max(vmax, v);
+        for (int64_t i = 0; i < n; ++i)
+          terms[static_cast<size_t>(i)] = std::exp(double(x[static_cast<size_t>(i)] / c.temp) - double(vmax / c.temp));
+        const int64_t at_token = static_cast<int64_t>(uni(rng) * double(n - 1));
+        double total = 0, mass = 0;
+        for (int64_t b = 0; b < n; b += 256) {
+          double sum = 0, upto = 0;
+          for (int64_t i = b; i < std::min(n, b + 256); ++i) {
+            sum += terms[static_cast<size_t>(i)];
+            if (i == at_token) upto = total + sum;
+          }
+          if (at_token >= b && at_token < b + 256) mass = upto;
+          total += sum;
+        }
+        double u_edge = mass / total;
+        while (u_edge * total < mass) u_edge = std::nextafter(u_edge, 1.0);
+        while (std::nextafter(u_edge, 0.0) * total >= mass) u_edge = std::nextafter(u_edge, 0.0);
+        const bool plain = c.top_p >= 1.0f && c.min_p <= 0.0f;
+        for (int trial = 0; trial < (plain ? 6 : 4); ++trial) {
+          const double u = trial == 0 ? 0.0 : trial == 1 ? std::nextafter(1.0, 0.0) : trial == 4 ? u_edge
+                           : trial == 5 ? std::nextafter(u_edge, 0.0) : uni(rng);
+          std::vector<TokenLogit> host;
+          for (int64_t i = 0; i < n; ++i) host.push_back({static_cast<int32_t>(i), x[static_cast<size_t>(i)]});
+          std::vector<TokenLogit> survivors = host;  // what the host's chain keeps before the draw
+          sampling::top_p(survivors, c.top_p);
+          sampling::min_p(survivors, c.min_p);
+          const int32_t want = sampling::finish(host, c.top_p, c.min_p, c.temp, u);
+          *d = {.u = u, .top_p = c.top_p, .min_p = c.min_p, .log_min_p = c.min_p > 0 ? std::log(c.min_p) : 0.0f,
+                .temp = c.temp};
+          Dev<int32_t> out(std::vector<int32_t>{-7}), pos(std::vector<int32_t>{3});
+          cuda::launch_draw_whole(dx.p, n, ids.p, vals.p, d, sums.p, out.p, nullptr, pos.p);
+          const int32_t got = out.get()[0];
+          const std::string what = "n " + std::to_string(n) + (peaked ? " peaked" : " flat") + " top_p " +
+                                   std::to_string(c.top_p) + " min_p " + std::to_string(c.min_p) + " temp " +
+                                   std::to_string(c.temp) + " u " + std::to_string(u);
+          EXPECT_EQ(pos.get()[0], 4) << what;
+          if (got == -1) {
+            ++undecided;
+            EXPECT_GE(survivors.size(), 256u) << what << ": undecided with few survivors";
+            EXPECT_FALSE(plain) << what;
+            continue;
+          }
+          ++decided;
+          EXPECT_EQ(got, want) << what << " (" << survivors.size() << " survivors)";
+          moved += got != host[0].id;
+          far += plain && want >= 256;
+        }
+      }
+    }
+  }
+  EXPECT_GT(decided, 60);
+  EXPECT_GT(undecided, 5);  // flat logits with top-p or min-p
+  EXPECT_GT(moved, 30);
+  EXPECT_GT(far, 10);  // draws past the first chunk
+  cudaFreeHost(d);
+}
+
 // Device argmax = greedy_token: random logits over vocabulary sizes around the grid's stride,
 // a tie for the largest value (the lower id wins), all -inf (id 0); with a position to
 // advance, the same id and the position one further.

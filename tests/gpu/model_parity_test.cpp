@@ -9,6 +9,7 @@
 // prefill path rounds both operands to f16 (about 1e-7); a handful of layers compounds these
 // to ~1e-5 at most on the tiny fixtures. A real bug (a wrong row, a stale mirror) is O(1).
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -245,6 +246,61 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   EXPECT_EQ(run(true, greedy).tokens, run(false, greedy).tokens);
 }
 
+// Top-k off: the draw over every logit on stories260K (a trained model, 512 tokens: the
+// fixtures' 128 are fewer than the device's 256 candidates), tokens exactly the host sampler's
+// on full logits. Min-p's few survivors and the plain draw (by chunk sums) decide on the device
+// and run ahead; top-p just below 1 cuts past the device's 256 best, so those draws come back
+// undecided and the host samples the penalised logits.
+TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
+  FRINK_REQUIRE_GPU();
+  const char* rel = "models/stories260K.gguf";
+  FRINK_REQUIRE_GPU_DATA(rel);
+  const auto m = load_model((gpu_testdata() / rel).string());
+  struct Run {
+    std::vector<int32_t> tokens;
+    int64_t graph_steps, ahead, handed_back;
+  };
+  const auto run = [&](bool graphs, const SamplerParams& params) {
+    DecoderOptions o = opts(DeviceChoice::kCuda, 512);
+    o.hooks.no_token_graph = !graphs;
+    Decoder dec(*m, o);
+    Session s(*m, 0);
+    Sampler sampler(params, static_cast<int>(m->hp.n_vocab));
+    const std::vector<int32_t> prompt = {1, 403, 261, 303, 411, 264};
+    for (int32_t t : prompt) sampler.accept(t);
+    std::vector<float> logits;
+    dec.eval(s, prompt, false, logits);
+    std::vector<int32_t> out{sampler.sample(logits.data())};
+    for (int i = 0; i < 60; ++i) {
+      sampler.accept(out.back());
+      out.push_back(dec.eval_next(s, out.back(), sampler));
+    }
+    return Run{out, dec.whole_token_steps(), dec.steps_run_ahead(), dec.draws_handed_back()};
+  };
+  const SamplerParams min_p_only{.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.05f, .seed = 9};
+  SamplerParams every = min_p_only;
+  every.min_p = 0.0f;
+  SamplerParams top_p_only = every;  // with penalties: on the device too, but never ahead
+  top_p_only.top_p = std::nextafter(1.0f, 0.0f);  // this peaked model's mass reaches 0.9999 within 256
+  top_p_only.repeat_penalty = 1.2f;
+  top_p_only.presence_penalty = 0.3f;
+  int64_t handed_back = 0;
+  for (const SamplerParams& p : {min_p_only, every, top_p_only}) {
+    const Run dev = run(true, p), ref = run(false, p);
+    const std::string what = "top_p " + std::to_string(p.top_p) + " min_p " + std::to_string(p.min_p);
+    EXPECT_EQ(dev.tokens, ref.tokens) << what;
+    EXPECT_EQ(dev.graph_steps, 60) << what;
+    EXPECT_EQ(ref.graph_steps, 0) << what;
+    if (p.repeat_penalty == 1.0f) EXPECT_GT(dev.ahead, 45) << what;
+    std::set<int32_t> spread(dev.tokens.begin(), dev.tokens.end());
+    EXPECT_GT(spread.size(), 10u) << what;  // drawn, not a greedy loop
+    handed_back += dev.handed_back;
+    std::printf("whole-vocabulary draw, %s: %lld of 60 steps ahead, %lld handed back\n", what.c_str(),
+                static_cast<long long>(dev.ahead), static_cast<long long>(dev.handed_back));
+  }
+  EXPECT_GT(handed_back, 0);
+}
+
 // Two sequences taking turns on one Decoder (a server's slots), each with its own mirrors and
 // so its own graph key, in the same power-of-two bucket: each step must read its own
 // sequence's mirrors and position, bit for bit what the layer-by-layer path gives.
@@ -299,6 +355,14 @@ TEST(DeviceTokenGraph, StepsRunAheadEqualStepsRunWhenAsked) {
   expect_steps_ahead_equal_asked(*m, opts(DeviceChoice::kCuda, 512),
                                  {.prompt = 500, .first = 30, .last = 5, .sampling = sampled},
                                  std::string(rel) + " sampled", 30);
+  // Top-k off with nothing cutting: the draw over every logit, which the device always decides
+  // (stories260K: more tokens than the device's 256 candidates).
+  const char* stories = "models/stories260K.gguf";
+  FRINK_REQUIRE_GPU_DATA(stories);
+  const SamplerParams every{.temp = 0.9f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 5};
+  expect_steps_ahead_equal_asked(*load_model((gpu_testdata() / stories).string()), opts(DeviceChoice::kCuda, 512),
+                                 {.prompt = 500, .first = 30, .last = 5, .sampling = every},
+                                 std::string(stories) + " sampled over every logit", 30);
 }
 
 // Forced refusal of any single layer (and of the head) gives the same result via the host.
