@@ -72,7 +72,7 @@
 
 namespace frink::cuda {
 
-static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPickTopK &&
+static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPickTopK && kPickMaxVocab == kMaxPickVocab &&
                   kPickSumChunk == static_cast<int>(sampling::kSumChunk),
               "the engine's pick limits are the kernels'");
 

@@ -13,6 +13,7 @@ namespace frink::cuda {
 inline constexpr int kPickMaxPenalties = 4096;
 inline constexpr int kPickMaxTopK = 256;
 inline constexpr int kPickSumChunk = 256;  // engine sampling::kSumChunk
+inline constexpr int64_t kPickMaxVocab = int64_t{1} << 20;
 
 // In device memory; the host fills a pinned copy and sends its used part (pick_dev_bytes)
 // before the step.
@@ -59,7 +60,7 @@ void launch_draw(const int32_t* ids, const float* vals, int k, const DrawDev* d,
                  int32_t* advance = nullptr);
 
 // Top-k off (engine DevicePick::whole_vocab): *out = the token sampling::finish draws from all
-// n > kPickMaxTopK logits x (penalised) with d's parameters, from their top kPickMaxTopK (ids,
+// kPickMaxTopK < n <= kPickMaxVocab logits x (penalised) with d's parameters, from their top kPickMaxTopK (ids,
 // vals: launch_topk's) where the survivors are among those (top-p's cut, or fewer min-p
 // survivors), and from x's chunk sums (sums: draw_sums_bytes(n) of scratch) where nothing
 // cuts; else -1 (undecided: the host samples x). Two launches: the chunk sums, then one block.
