@@ -79,7 +79,10 @@ static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPick
 // A token graph's pick (graph_key's pick_k): none (the logits out), the argmax, top-k and the
 // draw, or the draw over every logit.
 static constexpr int kNoPick = -1, kWholePick = kPickMaxTopK + 1;
-static int pick_kind(const TokenPick* p) { return !p ? kNoPick : p->whole_vocab ? kWholePick : p->top_k; }
+static int pick_kind(const TokenPick* p) {
+  return !p ? kNoPick : p->request.whole_vocab ? kWholePick : p->request.top_k;
+}
+static int64_t n_pen(const TokenPick* p) { return p ? static_cast<int64_t>(p->request.pen_ids.size()) : 0; }
 
 // Where a whole-vocabulary draw's chunk sums lie in pick_scratch_: after the top-k's scratch.
 static size_t draw_sums_offset(int64_t n_vocab) { return (topk_scratch_bytes(n_vocab, kPickMaxTopK) + 255) / 256 * 256; }
@@ -1304,7 +1307,7 @@ bool CudaBackend::adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* co
                               const float* logits, const TokenPick* pick) {
   if (!ahead_.active) return false;
   bool same = pos0 == ahead_.pos0 && token == ahead_.token && !logits && pick && pick_kind(pick) == ahead_.pick_k &&
-              pick->n_pen == 0 && (ahead_.pick_k == 0 || same_draw(pick->draw, ahead_.draw)) &&
+              n_pen(pick) == 0 && (ahead_.pick_k == 0 || same_draw(pick->request.draw, ahead_.draw)) &&
               recurrent == ahead_.recurrent &&
               std::equal(caches.begin(), caches.end(), ahead_.caches.begin(), ahead_.caches.end());
   for (size_t i = 0; same && i < ahead_.pending.size(); ++i) {
@@ -1423,8 +1426,8 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
   const int pick_k = pick_kind(&pick);
   cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, pick_k, false, parity));
   if (!exec) return false;
-  DeviceDraw draw = pick.draw;  // drawn with the next uniform, into the slot no step in flight reads
-  draw.u = pick.draw.u_next;
+  DeviceDraw draw = pick.request.draw;  // drawn with the next uniform, into the slot no step in flight reads
+  draw.u = pick.request.draw.u_next;
   if (pick_k > 0) set_draw(parity, draw);
   // Nothing before the replay: its token's row is the graph's own first kernel, its id the
   // step in flight's pick (pick_ids_dev_), and that pick advanced the position (a kernel
@@ -1454,11 +1457,13 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
   FRINK_ASSERT(static_cast<int64_t>(caches.size()) == hp.n_layer, "{} caches for {} layers", caches.size(), hp.n_layer);
   FRINK_ASSERT((logits != nullptr) != (pick != nullptr), "run_token returns the logits or a pick, one of them");
   const int pick_k = pick_kind(pick);
-  FRINK_ASSERT(!pick || (pick->top_k >= 0 && pick->top_k <= kPickMaxTopK && pick->top_k < hp.n_vocab &&
-                         (!pick->whole_vocab || (pick->top_k == 0 && hp.n_vocab > kPickMaxTopK)) &&
-                         pick->n_pen >= 0 && pick->n_pen <= kPickMaxPenalties),
-               "device pick of top {} (whole vocabulary: {}) with {} penalties", pick ? pick->top_k : -1,
-               pick && pick->whole_vocab, pick ? pick->n_pen : 0);
+  if (pick) {
+    const DevicePick& r = pick->request;
+    FRINK_ASSERT(r.top_k >= 0 && r.top_k <= kPickMaxTopK && r.top_k < hp.n_vocab &&
+                     (!r.whole_vocab || (r.top_k == 0 && hp.n_vocab > kPickMaxTopK)) &&
+                     n_pen(pick) <= kPickMaxPenalties && r.pen_counts.size() == r.pen_ids.size(),
+                 "device pick of top {} (whole vocabulary: {}) with {} penalties", r.top_k, r.whole_vocab, n_pen(pick));
+  }
   using Clock = std::chrono::steady_clock;
   const bool timed = log_level() >= LogLevel::kDebug;
   const Clock::time_point t_enter = Clock::now();
@@ -1520,18 +1525,19 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       }
       ensure_copy_events(static_cast<size_t>(2 * copy_groups_));
       if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
-      const bool penalties = pick && pick->n_pen > 0;
+      const bool penalties = n_pen(pick) > 0;
       cudaGraphExec_t exec = token_graph_for(graph_key(runs, max_keys, pick_k, penalties, parity), runs, max_keys,
                                              pick_k, penalties, parity);
-      if (pick_k > 0) set_draw(parity, pick->draw);  // nothing in flight reads it: begin_batch left the stream idle
+      if (pick_k > 0) set_draw(parity, pick->request.draw);  // nothing in flight reads it: begin_batch left the stream idle
       if (penalties) {  // the penalties' parameters, after any capture, before the replay that reads them
-        pick_host_->n_pen = static_cast<int32_t>(pick->n_pen);
-        pick_host_->repeat = pick->repeat;
-        pick_host_->frequency = pick->frequency;
-        pick_host_->presence = pick->presence;
-        for (int64_t i = 0; i < pick->n_pen; ++i) {
-          pick_host_->pen[2 * i] = pick->pen_ids[i];
-          pick_host_->pen[2 * i + 1] = pick->pen_counts[i];
+        const DevicePick& r = pick->request;
+        pick_host_->n_pen = static_cast<int32_t>(n_pen(pick));
+        pick_host_->repeat = r.repeat;
+        pick_host_->frequency = r.frequency;
+        pick_host_->presence = r.presence;
+        for (size_t i = 0; i < r.pen_ids.size(); ++i) {
+          pick_host_->pen[2 * i] = r.pen_ids[i];
+          pick_host_->pen[2 * i + 1] = r.pen_counts[i];
         }
         FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_dev_, pick_host_, pick_dev_bytes(pick_host_->n_pen),
                                          cudaMemcpyHostToDevice, stream_));
@@ -1551,7 +1557,7 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
     // The next step, enqueued before this one's wait, so the device runs it while the host
     // lands this one's rows and the caller takes its token: where the device's pick is the
     // token (no penalties, whose window the token changes).
-    if (pick && pick->n_pen == 0 && !hooks_.no_step_ahead && !hooks_.trust_stale_mirror) {
+    if (pick && n_pen(pick) == 0 && !hooks_.no_step_ahead && !hooks_.trust_stale_mirror) {
       const Clock::time_point t = Clock::now();
       if (launch_ahead(pos0 + 1, caches, recurrent, *pick)) {
         t_launch = t;

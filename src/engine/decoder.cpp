@@ -1,6 +1,7 @@
 #include "engine/decoder.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -73,16 +74,7 @@ int32_t Decoder::eval_next(Session& s, int32_t token, Sampler& sampler) {
     if (dp && dp->top_k <= kMaxPickTopK && static_cast<int64_t>(dp->pen_ids.size()) <= kMaxPickPenalties &&
         (!dp->whole_vocab || m_.hp.n_vocab > kMaxPickTopK)) {
       check_tokens(s, &token, 1);
-      TokenPick pick;
-      pick.top_k = dp->top_k;
-      pick.whole_vocab = dp->whole_vocab;
-      pick.pen_ids = dp->pen_ids.data();
-      pick.pen_counts = dp->pen_counts.data();
-      pick.n_pen = static_cast<int64_t>(dp->pen_ids.size());
-      pick.repeat = dp->repeat;
-      pick.frequency = dp->frequency;
-      pick.presence = dp->presence;
-      pick.draw = dp->draw;
+      TokenPick pick{std::move(*dp)};
       eval_batch(s, &token, 1, nullptr, false, &pick);
       if (pick.id >= 0) return sampler.take_device_draw(pick.id);
       // Undecided there (more survivors than the device's candidates): the same chain here.

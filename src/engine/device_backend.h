@@ -86,24 +86,16 @@ struct DeviceHooks {
 };
 
 // A decode step's next token chosen on the device (run_token), so the logits need not cross to
-// the host: penalties on the listed tokens (llama.cpp's: logit = logit <= 0 ? logit * repeat :
-// logit / repeat, then minus count * frequency + presence, rounded as the host rounds them),
-// then the argmax (top_k == 0) or the top_k best, logit descending and id ascending on ties
-// (the host sampler's top-k order), finished by `draw` as sampling::finish does; or, with
-// whole_vocab (top_k == 0), `draw` over every logit (DevicePick::whole_vocab), which may come
-// back undecided: id -1, the penalised logits left for pick_logits.
+// the host: what the Sampler asks for (Sampler::device_pick: penalties on the listed tokens,
+// then the argmax, the top k finished by the draw, or the draw over every logit), and the
+// token. A whole-vocabulary draw may come back undecided: id -1, the penalised logits left for
+// pick_logits.
 inline constexpr int64_t kMaxPickPenalties = 4096;
 inline constexpr int kMaxPickTopK = 256;
 inline constexpr int64_t kMaxPickVocab = int64_t{1} << 20;  // the top-k merge's list count
 struct TokenPick {
-  int top_k = 0;
-  bool whole_vocab = false;  // needs n_vocab > kMaxPickTopK
-  const int32_t* pen_ids = nullptr;
-  const int32_t* pen_counts = nullptr;
-  int64_t n_pen = 0;
-  float repeat = 1.0f, frequency = 0.0f, presence = 0.0f;
-  DeviceDraw draw;  // top_k > 0
-  int32_t id = -1;  // out: the token
+  DevicePick request;  // top_k <= kMaxPickTopK, at most kMaxPickPenalties; whole_vocab: n_vocab > kMaxPickTopK
+  int32_t id = -1;     // out: the token
 };
 
 // One device as the Decoder sees it. The residual stream of a batch lives on the device

@@ -291,7 +291,9 @@ TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
     EXPECT_EQ(dev.tokens, ref.tokens) << what;
     EXPECT_EQ(dev.graph_steps, 60) << what;
     EXPECT_EQ(ref.graph_steps, 0) << what;
-    if (p.repeat_penalty == 1.0f) EXPECT_GT(dev.ahead, 45) << what;
+    if (p.repeat_penalty == 1.0f) {
+      EXPECT_GT(dev.ahead, 45) << what;
+    }
     std::set<int32_t> spread(dev.tokens.begin(), dev.tokens.end());
     EXPECT_GT(spread.size(), 10u) << what;  // drawn, not a greedy loop
     handed_back += dev.handed_back;
