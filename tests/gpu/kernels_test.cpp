@@ -1907,6 +1907,24 @@ TEST(CudaKernels, TopKOfWideTiesMatchesTheHostSampler) {
   }
 }
 
+// A draw's chain after top-k, and the parameters a draw kernel reads in place (mapped pinned
+// memory, as the backend's draw_host_), set for one draw.
+struct DrawChain {
+  float top_p, min_p, temp;
+};
+struct MappedDraw {
+  cuda::DrawDev* d = nullptr;
+  MappedDraw() { EXPECT_EQ(cudaHostAlloc(&d, sizeof(cuda::DrawDev), cudaHostAllocMapped), cudaSuccess); }
+  ~MappedDraw() { cudaFreeHost(d); }
+  MappedDraw(const MappedDraw&) = delete;
+  MappedDraw& operator=(const MappedDraw&) = delete;
+  const cuda::DrawDev* set(DrawChain c, double u) {
+    *d = {.u = u, .top_p = c.top_p, .min_p = c.min_p, .log_min_p = c.min_p > 0 ? std::log(c.min_p) : 0.0f,
+          .temp = c.temp};
+    return d;
+  }
+};
+
 // The draw on the device = sampling::finish on the same top k: random lists in top-k order
 // (a tie at the top, -inf at the tail), top-p and min-p off and on (min-p above 1 keeps the
 // first alone), temperatures below and above 1, uniforms 0, just below 1 and random; the
@@ -1915,15 +1933,11 @@ TEST(CudaKernels, DrawMatchesTheHostFinish) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(71);
   std::uniform_real_distribution<double> uni(0.0, 1.0);
-  cuda::DrawDev* d = nullptr;
-  ASSERT_EQ(cudaHostAlloc(&d, sizeof(cuda::DrawDev), cudaHostAllocMapped), cudaSuccess);
-  struct Chain {
-    float top_p, min_p, temp;
-  };
+  MappedDraw draw;
   int moved = 0;  // draws whose token is not the first candidate: the walk itself was tested
   for (int k : {1, 2, 40, 256}) {
-    for (const Chain c : {Chain{1.0f, 0.0f, 1.0f}, Chain{0.95f, 0.05f, 0.8f}, Chain{0.5f, 0.0f, 1.5f},
-                          Chain{1.0f, 0.2f, 0.3f}, Chain{0.9f, 1.5f, 1.0f}}) {
+    for (const DrawChain c : {DrawChain{1.0f, 0.0f, 1.0f}, DrawChain{0.95f, 0.05f, 0.8f}, DrawChain{0.5f, 0.0f, 1.5f},
+                          DrawChain{1.0f, 0.2f, 0.3f}, DrawChain{0.9f, 1.5f, 1.0f}}) {
       for (int trial = 0; trial < 20; ++trial) {
         std::vector<TokenLogit> top;
         const auto v = random_floats(rng, k, 3.0f);
@@ -1941,11 +1955,9 @@ TEST(CudaKernels, DrawMatchesTheHostFinish) {
           ids.push_back(t.id);
           vals.push_back(t.logit);
         }
-        *d = {.u = u, .top_p = c.top_p, .min_p = c.min_p, .log_min_p = c.min_p > 0 ? std::log(c.min_p) : 0.0f,
-              .temp = c.temp};
         Dev<int32_t> did(ids), pos(std::vector<int32_t>{9});
         Dev<float> dv(vals);
-        cuda::launch_draw(did.p, dv.p, k, d, did.p, nullptr, pos.p);  // the token where the list was
+        cuda::launch_draw(did.p, dv.p, k, draw.set(c, u), did.p, nullptr, pos.p);  // the token where the list was
         EXPECT_EQ(did.get()[0], want) << "k " << k << " top_p " << c.top_p << " min_p " << c.min_p << " temp "
                                       << c.temp << " u " << u;
         EXPECT_EQ(pos.get()[0], 10);
@@ -1953,7 +1965,6 @@ TEST(CudaKernels, DrawMatchesTheHostFinish) {
     }
   }
   EXPECT_GT(moved, 50);  // 71 with this seed
-  cudaFreeHost(d);
 }
 
 // Top-k off: the draw over every logit on the device = sampling::finish over the whole
@@ -1968,11 +1979,7 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(73);
   std::uniform_real_distribution<double> uni(0.0, 1.0);
-  cuda::DrawDev* d = nullptr;
-  ASSERT_EQ(cudaHostAlloc(&d, sizeof(cuda::DrawDev), cudaHostAllocMapped), cudaSuccess);
-  struct Chain {
-    float top_p, min_p, temp;
-  };
+  MappedDraw draw;
   int decided = 0, undecided = 0, moved = 0, far = 0;
   for (int64_t n : {1000, 32000, 151936}) {
     Dev<uint8_t> scratch(std::vector<uint8_t>(cuda::topk_scratch_bytes(n, cuda::kPickMaxTopK)));
@@ -1985,8 +1992,8 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
       Dev<int32_t> ids(std::vector<int32_t>(cuda::kPickMaxTopK));
       Dev<float> vals(static_cast<size_t>(cuda::kPickMaxTopK));
       cuda::launch_topk(dx.p, n, cuda::kPickMaxTopK, scratch.p, ids.p, vals.p, nullptr);
-      for (const Chain c : {Chain{0.9f, 0.0f, 1.0f}, Chain{1.0f, 0.05f, 0.7f}, Chain{0.95f, 0.05f, 1.3f},
-                            Chain{1.0f, 0.0f, 1.0f}, Chain{1.0f, 0.0f, 0.6f}, Chain{0.8f, 1.5f, 1.0f}}) {
+      for (const DrawChain c : {DrawChain{0.9f, 0.0f, 1.0f}, DrawChain{1.0f, 0.05f, 0.7f}, DrawChain{0.95f, 0.05f, 1.3f},
+                            DrawChain{1.0f, 0.0f, 1.0f}, DrawChain{1.0f, 0.0f, 0.6f}, DrawChain{0.8f, 1.5f, 1.0f}}) {
         // The host's mass through a random token, by chunks, for the boundary uniforms (top-p
         // and min-p off: the list is the whole vocabulary in id order).
         std::vector<double> terms(static_cast<size_t>(n));
@@ -2018,10 +2025,8 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
           sampling::top_p(survivors, c.top_p);
           sampling::min_p(survivors, c.min_p);
           const int32_t want = sampling::finish(host, c.top_p, c.min_p, c.temp, u);
-          *d = {.u = u, .top_p = c.top_p, .min_p = c.min_p, .log_min_p = c.min_p > 0 ? std::log(c.min_p) : 0.0f,
-                .temp = c.temp};
           Dev<int32_t> out(std::vector<int32_t>{-7}), pos(std::vector<int32_t>{3});
-          cuda::launch_draw_whole(dx.p, n, ids.p, vals.p, d, sums.p, out.p, nullptr, pos.p);
+          cuda::launch_draw_whole(dx.p, n, ids.p, vals.p, draw.set(c, u), sums.p, out.p, nullptr, pos.p);
           const int32_t got = out.get()[0];
           const std::string what = "n " + std::to_string(n) + (peaked ? " peaked" : " flat") + " top_p " +
                                    std::to_string(c.top_p) + " min_p " + std::to_string(c.min_p) + " temp " +
@@ -2045,7 +2050,6 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
   EXPECT_GT(undecided, 5);  // flat logits with top-p or min-p
   EXPECT_GT(moved, 30);
   EXPECT_GT(far, 10);  // draws past the first chunk
-  cudaFreeHost(d);
 }
 
 // Device argmax = greedy_token: random logits over vocabulary sizes around the grid's stride,

@@ -189,6 +189,30 @@ TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
   }
 }
 
+// A sampled run: the prompt, its first token sampled from the prompt's logits, then n tokens by
+// eval_next, on the device where graphs, else layer by layer with every logit on the host.
+struct SampledRun {
+  std::vector<int32_t> tokens;
+  int64_t graph_steps, ahead, handed_back;
+};
+SampledRun run_sampled(const Model& m, bool graphs, const SamplerParams& params, const std::vector<int32_t>& prompt,
+                       int n) {
+  DecoderOptions o = opts(DeviceChoice::kCuda, 512);
+  o.hooks.no_token_graph = !graphs;
+  Decoder dec(m, o);
+  Session s(m, 0);
+  Sampler sampler(params, static_cast<int>(m.hp.n_vocab));
+  for (int32_t t : prompt) sampler.accept(t);
+  std::vector<float> logits;
+  dec.eval(s, prompt, false, logits);
+  std::vector<int32_t> out{sampler.sample(logits.data())};
+  for (int i = 0; i < n; ++i) {
+    sampler.accept(out.back());
+    out.push_back(dec.eval_next(s, out.back(), sampler));
+  }
+  return {out, dec.whole_token_steps(), dec.steps_run_ahead(), dec.draws_handed_back()};
+}
+
 // Sampling with the next token picked on the device (penalties, top-k, top-p, min-p,
 // temperature and the draw there) gives exactly the tokens of the same sampler fed the full
 // logits layer by layer: same seed, same draws. Without penalties the steps also run one
@@ -207,28 +231,9 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   sp.frequency_penalty = 0.2f;
   sp.presence_penalty = 0.1f;
   sp.seed = 7;
-  struct Run {
-    std::vector<int32_t> tokens;
-    int64_t graph_steps, ahead;
-  };
-  const auto run = [&](bool graphs, const SamplerParams& params) {
-    DecoderOptions o = opts(DeviceChoice::kCuda, 512);
-    o.hooks.no_token_graph = !graphs;
-    Decoder dec(*m, o);
-    Session s(*m, 0);
-    Sampler sampler(params, static_cast<int>(m->hp.n_vocab));
-    const std::vector<int32_t> prompt = {1, 15, 27, 3, 99, 42, 7};
-    for (int32_t t : prompt) sampler.accept(t);
-    std::vector<float> logits;
-    dec.eval(s, prompt, false, logits);
-    std::vector<int32_t> out{sampler.sample(logits.data())};
-    for (int i = 0; i < 40; ++i) {
-      sampler.accept(out.back());
-      out.push_back(dec.eval_next(s, out.back(), sampler));
-    }
-    return Run{out, dec.whole_token_steps(), dec.steps_run_ahead()};
-  };
-  const Run picked = run(true, sp), host = run(false, sp);
+  const std::vector<int32_t> prompt = {1, 15, 27, 3, 99, 42, 7};
+  const auto run = [&](bool graphs, const SamplerParams& params) { return run_sampled(*m, graphs, params, prompt, 40); };
+  const SampledRun picked = run(true, sp), host = run(false, sp);
   EXPECT_EQ(picked.graph_steps, 40);
   EXPECT_EQ(picked.ahead, 0);  // the penalties' window moves with each token
   EXPECT_EQ(host.graph_steps, 0);
@@ -236,7 +241,7 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   SamplerParams plain = sp;  // no penalties: steps run ahead
   plain.repeat_penalty = 1.0f;
   plain.frequency_penalty = plain.presence_penalty = 0.0f;
-  const Run ahead = run(true, plain);
+  const SampledRun ahead = run(true, plain);
   EXPECT_EQ(ahead.tokens, run(false, plain).tokens);
   EXPECT_GT(ahead.ahead, 30);
   std::set<int32_t> distinct(ahead.tokens.begin(), ahead.tokens.end());
@@ -256,27 +261,8 @@ TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
   const char* rel = "models/stories260K.gguf";
   FRINK_REQUIRE_GPU_DATA(rel);
   const auto m = load_model((gpu_testdata() / rel).string());
-  struct Run {
-    std::vector<int32_t> tokens;
-    int64_t graph_steps, ahead, handed_back;
-  };
-  const auto run = [&](bool graphs, const SamplerParams& params) {
-    DecoderOptions o = opts(DeviceChoice::kCuda, 512);
-    o.hooks.no_token_graph = !graphs;
-    Decoder dec(*m, o);
-    Session s(*m, 0);
-    Sampler sampler(params, static_cast<int>(m->hp.n_vocab));
-    const std::vector<int32_t> prompt = {1, 403, 261, 303, 411, 264};
-    for (int32_t t : prompt) sampler.accept(t);
-    std::vector<float> logits;
-    dec.eval(s, prompt, false, logits);
-    std::vector<int32_t> out{sampler.sample(logits.data())};
-    for (int i = 0; i < 60; ++i) {
-      sampler.accept(out.back());
-      out.push_back(dec.eval_next(s, out.back(), sampler));
-    }
-    return Run{out, dec.whole_token_steps(), dec.steps_run_ahead(), dec.draws_handed_back()};
-  };
+  const std::vector<int32_t> prompt = {1, 403, 261, 303, 411, 264};
+  const auto run = [&](bool graphs, const SamplerParams& params) { return run_sampled(*m, graphs, params, prompt, 60); };
   const SamplerParams min_p_only{.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.05f, .seed = 9};
   SamplerParams every = min_p_only;
   every.min_p = 0.0f;
@@ -286,7 +272,7 @@ TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
   top_p_only.presence_penalty = 0.3f;
   int64_t handed_back = 0;
   for (const SamplerParams& p : {min_p_only, every, top_p_only}) {
-    const Run dev = run(true, p), ref = run(false, p);
+    const SampledRun dev = run(true, p), ref = run(false, p);
     const std::string what = "top_p " + std::to_string(p.top_p) + " min_p " + std::to_string(p.min_p);
     EXPECT_EQ(dev.tokens, ref.tokens) << what;
     EXPECT_EQ(dev.graph_steps, 60) << what;
