@@ -36,7 +36,9 @@ void BM_TopKOff(benchmark::State& state) { run(state, {.temp = 0.8f, .top_k = 0,
 // vLLM's usual: top-p alone.
 void BM_TopPOnly(benchmark::State& state) { run(state, {.temp = 0.8f, .top_k = 0, .top_p = 0.95f, .min_p = 0.0f}); }
 // Temperature alone: the draw over every token.
-void BM_TemperatureOnly(benchmark::State& state) { run(state, {.temp = 0.8f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f}); }
+void BM_TemperatureOnly(benchmark::State& state) {
+  run(state, {.temp = 0.8f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f});
+}
 // llama.cpp's defaults.
 void BM_TopK40(benchmark::State& state) { run(state, {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f}); }
 

@@ -72,7 +72,8 @@
 
 namespace frink::cuda {
 
-static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPickTopK && kPickMaxVocab == kMaxPickVocab &&
+static_assert(kPickMaxPenalties == kMaxPickPenalties && kPickMaxTopK == kMaxPickTopK &&
+                  kPickMaxVocab == kMaxPickVocab &&
                   kPickSumChunk == static_cast<int>(sampling::kSumChunk),
               "the engine's pick limits are the kernels'");
 
@@ -85,7 +86,9 @@ static int pick_kind(const TokenPick* p) {
 static int64_t n_pen(const TokenPick* p) { return p ? static_cast<int64_t>(p->request.pen_ids.size()) : 0; }
 
 // Where a whole-vocabulary draw's chunk sums lie in pick_scratch_: after the top-k's scratch.
-static size_t draw_sums_offset(int64_t n_vocab) { return (topk_scratch_bytes(n_vocab, kPickMaxTopK) + 255) / 256 * 256; }
+static size_t draw_sums_offset(int64_t n_vocab) {
+  return (topk_scratch_bytes(n_vocab, kPickMaxTopK) + 255) / 256 * 256;
+}
 
 namespace detail {
 
@@ -107,7 +110,8 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   // unified addressing (every 64-bit platform CUDA 13 runs on).
   FRINK_CUDA_CHECK(cudaHostAlloc(&draw_host_, 2 * sizeof(DrawDev), cudaHostAllocMapped));
   for (cudaEvent_t& e : step_done_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  pick_scratch_.ensure(std::max(argmax_scratch_bytes(), draw_sums_offset(m.hp.n_vocab) + draw_sums_bytes(m.hp.n_vocab)));
+  pick_scratch_.ensure(
+      std::max(argmax_scratch_bytes(), draw_sums_offset(m.hp.n_vocab) + draw_sums_bytes(m.hp.n_vocab)));
 }
 
 CudaBackend::~CudaBackend() {
@@ -1528,7 +1532,8 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       const bool penalties = n_pen(pick) > 0;
       cudaGraphExec_t exec = token_graph_for(graph_key(runs, max_keys, pick_k, penalties, parity), runs, max_keys,
                                              pick_k, penalties, parity);
-      if (pick_k > 0) set_draw(parity, pick->request.draw);  // nothing in flight reads it: begin_batch left the stream idle
+      // Nothing in flight reads the draw's slot: begin_batch left the stream idle.
+      if (pick_k > 0) set_draw(parity, pick->request.draw);
       if (penalties) {  // the penalties' parameters, after any capture, before the replay that reads them
         const DevicePick& r = pick->request;
         pick_host_->n_pen = static_cast<int32_t>(n_pen(pick));

@@ -405,7 +405,9 @@ void launch_draw(const int32_t* ids, const float* vals, int k, const DrawDev* d,
   launch_dependent(draw_kernel, 1, kThreads, 0, stream, ids, vals, k, d, out, advance);
 }
 
-size_t draw_sums_bytes(int64_t n) { return static_cast<size_t>((n + kPickSumChunk - 1) / kPickSumChunk) * sizeof(double); }
+size_t draw_sums_bytes(int64_t n) {
+  return static_cast<size_t>((n + kPickSumChunk - 1) / kPickSumChunk) * sizeof(double);
+}
 
 void launch_draw_whole(const float* x, int64_t n, const int32_t* ids, const float* vals, const DrawDev* d, double* sums,
                        int32_t* out, cudaStream_t stream, int32_t* advance) {

@@ -164,7 +164,8 @@ TEST(SamplerStages, TopPOverAVocabularyEqualsTheFullSortsPrefix) {
     for (float& v : l) v = nd(rng);
     if (sd < 2.0f) l[78] = l[77] = 16.0f;  // peaked (97.8% of the mass), a tie at the top
     if (sd > 2.0f)  // flat: many equal values (ids decide their order), and zeros of both signs
-      for (size_t i = 0; i < l.size(); ++i) l[i] = i % 1000 == 0 ? (i % 2000 ? -0.0f : 0.0f) : std::round(l[i] * 16) / 16;
+      for (size_t i = 0; i < l.size(); ++i)
+        l[i] = i % 1000 == 0 ? (i % 2000 ? -0.0f : 0.0f) : std::round(l[i] * 16) / 16;
     std::vector<TokenLogit> got = cands_of(l);
     sampling::top_p(got, 0.95f);
     std::vector<TokenLogit> want = cands_of(l);

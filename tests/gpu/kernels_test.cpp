@@ -1937,7 +1937,7 @@ TEST(CudaKernels, DrawMatchesTheHostFinish) {
   int moved = 0;  // draws whose token is not the first candidate: the walk itself was tested
   for (int k : {1, 2, 40, 256}) {
     for (const DrawChain c : {DrawChain{1.0f, 0.0f, 1.0f}, DrawChain{0.95f, 0.05f, 0.8f}, DrawChain{0.5f, 0.0f, 1.5f},
-                          DrawChain{1.0f, 0.2f, 0.3f}, DrawChain{0.9f, 1.5f, 1.0f}}) {
+                              DrawChain{1.0f, 0.2f, 0.3f}, DrawChain{0.9f, 1.5f, 1.0f}}) {
       for (int trial = 0; trial < 20; ++trial) {
         std::vector<TokenLogit> top;
         const auto v = random_floats(rng, k, 3.0f);
@@ -1992,8 +1992,9 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
       Dev<int32_t> ids(std::vector<int32_t>(cuda::kPickMaxTopK));
       Dev<float> vals(static_cast<size_t>(cuda::kPickMaxTopK));
       cuda::launch_topk(dx.p, n, cuda::kPickMaxTopK, scratch.p, ids.p, vals.p, nullptr);
-      for (const DrawChain c : {DrawChain{0.9f, 0.0f, 1.0f}, DrawChain{1.0f, 0.05f, 0.7f}, DrawChain{0.95f, 0.05f, 1.3f},
-                            DrawChain{1.0f, 0.0f, 1.0f}, DrawChain{1.0f, 0.0f, 0.6f}, DrawChain{0.8f, 1.5f, 1.0f}}) {
+      for (const DrawChain c : {DrawChain{0.9f, 0.0f, 1.0f}, DrawChain{1.0f, 0.05f, 0.7f},
+                                DrawChain{0.95f, 0.05f, 1.3f}, DrawChain{1.0f, 0.0f, 1.0f},
+                                DrawChain{1.0f, 0.0f, 0.6f}, DrawChain{0.8f, 1.5f, 1.0f}}) {
         // The host's mass through a random token, by chunks, for the boundary uniforms (top-p
         // and min-p off: the list is the whole vocabulary in id order).
         std::vector<double> terms(static_cast<size_t>(n));

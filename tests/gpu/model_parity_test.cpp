@@ -232,7 +232,7 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   sp.presence_penalty = 0.1f;
   sp.seed = 7;
   const std::vector<int32_t> prompt = {1, 15, 27, 3, 99, 42, 7};
-  const auto run = [&](bool graphs, const SamplerParams& params) { return run_sampled(*m, graphs, params, prompt, 40); };
+  const auto run = [&](bool graphs, const SamplerParams& p) { return run_sampled(*m, graphs, p, prompt, 40); };
   const SampledRun picked = run(true, sp), host = run(false, sp);
   EXPECT_EQ(picked.graph_steps, 40);
   EXPECT_EQ(picked.ahead, 0);  // the penalties' window moves with each token
@@ -262,7 +262,7 @@ TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
   FRINK_REQUIRE_GPU_DATA(rel);
   const auto m = load_model((gpu_testdata() / rel).string());
   const std::vector<int32_t> prompt = {1, 403, 261, 303, 411, 264};
-  const auto run = [&](bool graphs, const SamplerParams& params) { return run_sampled(*m, graphs, params, prompt, 60); };
+  const auto run = [&](bool graphs, const SamplerParams& p) { return run_sampled(*m, graphs, p, prompt, 60); };
   const SamplerParams min_p_only{.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.05f, .seed = 9};
   SamplerParams every = min_p_only;
   every.min_p = 0.0f;
