@@ -52,9 +52,9 @@ int run(const RunArgs& a) {
                st.hit_eog ? ", stopped at end of text" : st.hit_context_limit ? ", context full" : "");
   if (a.model.verbose) {
     if (const std::string t = dec.take_device_step_times(); !t.empty()) std::fprintf(stderr, "device: %s\n", t.c_str());
-    if (dec.draws_handed_back() > 0)
-      std::fprintf(stderr, "device: %lld draws over the whole vocabulary handed back to the host (more survivors "
-                   "than its 256 best)\n", static_cast<long long>(dec.draws_handed_back()));
+    if (dec.exact_draws() > 0)
+      std::fprintf(stderr, "device: %lld draws over the whole vocabulary sorted it (more survivors than its 256 "
+                   "best)\n", static_cast<long long>(dec.exact_draws()));
   }
   return 0;
 }

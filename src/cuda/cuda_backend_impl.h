@@ -82,7 +82,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // only there.
   bool embeds_tokens() const override { return static_cast<bool>(w_.token_embd); }
   std::string take_step_times() override;
-  void pick_logits(float* logits) override;
+  int64_t exact_draws() const override { return n_exact_draws_; }
   // RecurrentDeviceLink
   void pull(const RecurrentState& s, int64_t layer, float* conv, float* ssm) override;
   void forget(const RecurrentState& s) noexcept override;
@@ -208,6 +208,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // The draw parameters a top-k graph of this parity reads (draw_host_), written while no
   // step of the parity is in flight.
   void set_draw(int parity, const DeviceDraw& d);
+  // The token of a whole-vocabulary draw its 256 best left undecided, drawn exactly from the
+  // parity's logits (launch_exact_draw) on copy_stream_, beside a step ahead on stream_ (which
+  // writes the other half of logits_, and is dropped: it embedded the -1).
+  int32_t exact_draw(int parity);
   // The step ahead (run_token): taken over by the call it was enqueued for, dropped by any
   // other (a wait), or enqueued behind the step in flight.
   bool adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* const> caches, RecurrentState* recurrent,
@@ -355,7 +359,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   float* pick_vals_dev_ = nullptr;
   int32_t* pick_ids_host_ = nullptr;  // [2]
   DevBuf pick_scratch_;              // the argmax's or top-k's, then a whole-vocabulary draw's chunk sums
-  int last_parity_ = 0;              // the last run_token's: its logits are logits_'s half of that parity
+  DevBuf exact_scratch_;             // a whole-vocabulary draw's exact form (exact_draw), then its token
+  int64_t n_exact_draws_ = 0;
+  bool last_draw_exact_ = false;     // the last run_token's pick came to exact_draw
   // Captured token graphs by key, most recent last: a few, so sequences that take turns on
   // one backend (a server's slots) each keep theirs instead of recapturing every step.
   struct TokenGraph {

@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/pdl.cuh"
+#include "cuda/pick_keys.cuh"
 
 namespace frink::cuda {
 
@@ -27,22 +28,6 @@ __global__ void penalties_kernel(float* logits, const PickDev* p) {
   }
 }
 
-// A candidate as one 64-bit key whose descending order is sampling::top_k's: the value's bits
-// made monotonic above, 0xffffffff - id below (the lower id first on equal values). Keys are
-// distinct; 0 is "nothing", below every real entry (-inf included). -0 is +0, as the host's
-// order compares them.
-__device__ __forceinline__ uint64_t cand_key(float v, int64_t id) {
-  const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
-  const uint32_t ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return (static_cast<uint64_t>(ord) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
-}
-__device__ __forceinline__ float key_value(uint64_t key) {
-  const uint32_t ord = static_cast<uint32_t>(key >> 32);
-  return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
-}
-__device__ __forceinline__ int32_t key_id(uint64_t key) {
-  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
-}
 __device__ __forceinline__ uint64_t max_key(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 // The block's largest key, in every thread (blockDim.x a multiple of 32, at most 1024).
@@ -159,17 +144,6 @@ __global__ void __launch_bounds__(kSortThreads) topk_final_kernel(const float* x
 // shared memory, the arithmetic in the host's order: exps in parallel, the sums and walks by
 // thread 0 in candidate order (double, rounded one operation at a time).
 
-// s[0] + s[1] + ... + s[n - 1] in that order (thread 0; s in shared memory): unrolled so the
-// loads run ahead of the chain of adds. Over 501 chunk sums read from global memory one at a
-// time it cost about 40 us a token (8B, H200: a whole-vocabulary draw 1.938 ms of graph against
-// 1.895 for top-k 40).
-__device__ double sum_in_order(const double* s, int n) {
-  double sum = 0;
-#pragma unroll 16
-  for (int i = 0; i < n; ++i) sum = __dadd_rn(sum, s[i]);
-  return sum;
-}
-
 // sampling::top_p's cut of the sorted list s_v[0, n) (softmax at temperature 1): the first
 // i + 1 where its terms over the total (the list's own, or *mass: every logit's) add up to p;
 // 0 where they stay below p. Every thread calls it; s_e is scratch. The divisions run in
@@ -204,11 +178,6 @@ __device__ int top_p_cut(const float* s_v, double* s_e, int n, const double* mas
 // thread calls it.
 __device__ int min_p_keep(const float* s_v, int n, float min_logit) {
   return max(1, __syncthreads_count(static_cast<int>(threadIdx.x) < n && s_v[threadIdx.x] >= min_logit));
-}
-
-// A softmax term of the draw: exp(v / temp - vmax / temp), as the host divides (a float each).
-__device__ __forceinline__ double temp_term(float v, float vmax, float temp) {
-  return exp(static_cast<double>(__fdiv_rn(v, temp)) - static_cast<double>(__fdiv_rn(vmax, temp)));
 }
 
 // The draw's end of sampling::finish on the list (s_v, s_id)[0, n), one chunk (n <= kPickSumChunk),

@@ -63,9 +63,17 @@ void launch_draw(const int32_t* ids, const float* vals, int k, const DrawDev* d,
 // kPickMaxTopK < n <= kPickMaxVocab logits x (penalised) with d's parameters, from their top kPickMaxTopK (ids,
 // vals: launch_topk's) where the survivors are among those (top-p's cut, or fewer min-p
 // survivors), and from x's chunk sums (sums: draw_sums_bytes(n) of scratch) where nothing
-// cuts; else -1 (undecided: the host samples x). Two launches: the chunk sums, then one block.
+// cuts; else -1 (undecided: launch_exact_draw decides it). Two launches: the chunk sums, then one block.
 size_t draw_sums_bytes(int64_t n);
 void launch_draw_whole(const float* x, int64_t n, const int32_t* ids, const float* vals, const DrawDev* d, double* sums,
                        int32_t* out, cudaStream_t stream, int32_t* advance = nullptr);
+
+// Where launch_draw_whole left the draw undecided (-1): *out = the token sampling::finish draws
+// from all n <= kPickMaxVocab logits x with d's parameters, exactly, on the device
+// (pick_exact.cu): top-p's survivors sorted (a radix sort of the vocabulary), min-p's alone in
+// id order. Eager launches (CUB's sizes are the host's), about a dozen, reading d by value;
+// scratch: exact_draw_scratch_bytes(n). min-p above 1 (always decided) writes -1.
+size_t exact_draw_scratch_bytes(int64_t n);
+void launch_exact_draw(const float* x, int64_t n, const DrawDev& d, void* scratch, int32_t* out, cudaStream_t stream);
 
 }  // namespace frink::cuda

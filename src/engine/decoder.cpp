@@ -76,12 +76,7 @@ int32_t Decoder::eval_next(Session& s, int32_t token, Sampler& sampler) {
       check_tokens(s, &token, 1);
       TokenPick pick{std::move(*dp)};
       eval_batch(s, &token, 1, nullptr, false, &pick);
-      if (pick.id >= 0) return sampler.take_device_draw(pick.id);
-      // Undecided there (more survivors than the device's candidates): the same chain here.
-      ++draws_handed_back_;
-      next_logits_.resize(static_cast<size_t>(m_.hp.n_vocab));
-      device_->pick_logits(next_logits_.data());
-      return sampler.sample_penalized(next_logits_.data());
+      return sampler.take_device_draw(pick.id);
     }
   }
   eval(s, {token}, false, next_logits_);

@@ -48,8 +48,8 @@ class Decoder {
   int64_t whole_token_steps() const { return whole_token_steps_; }
   // Of those, the ones the device had started before the call (DeviceBackend::run_token).
   int64_t steps_run_ahead() const { return device_ ? device_->steps_run_ahead() : 0; }
-  // Whole-vocabulary device draws the device left undecided, so the host sampled its logits.
-  int64_t draws_handed_back() const { return draws_handed_back_; }
+  // Of those, whole-vocabulary draws the device made by sorting the vocabulary (DeviceBackend).
+  int64_t exact_draws() const { return device_ ? device_->exact_draws() : 0; }
 
   // Appends tokens to the session and runs them. logits receives [n][n_vocab] when
   // all_logits, else the last token's [n_vocab]. Throws frink::Error, leaving the session
@@ -74,7 +74,6 @@ class Decoder {
   RefusalCounts refusals_;
   bool token_graph_ = false;  // decode steps go to DeviceBackend::run_token
   int64_t whole_token_steps_ = 0;
-  int64_t draws_handed_back_ = 0;
   std::vector<float> next_logits_;  // eval_next's logits when they come to the host
   std::vector<float> x_;            // eval_batch's residual rows [n][n_embd] (grown, never shrunk)
 };

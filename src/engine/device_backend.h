@@ -88,8 +88,7 @@ struct DeviceHooks {
 // A decode step's next token chosen on the device (run_token), so the logits need not cross to
 // the host: what the Sampler asks for (Sampler::device_pick: penalties on the listed tokens,
 // then the argmax, the top k finished by the draw, or the draw over every logit), and the
-// token. A whole-vocabulary draw may come back undecided: id -1, the penalised logits left for
-// pick_logits.
+// token.
 inline constexpr int64_t kMaxPickPenalties = 4096;
 inline constexpr int kMaxPickTopK = 256;
 inline constexpr int64_t kMaxPickVocab = int64_t{1} << 20;  // the top-k merge's list count
@@ -168,9 +167,9 @@ class DeviceBackend {
   // run_token) first waits for it and drops it.
   virtual void run_token(int64_t pos0, int32_t token, const float* x, std::span<KvCache* const> caches,
                          RecurrentState* recurrent, float* logits, TokenPick* pick) = 0;
-  // The penalised logits [n_vocab] of the last run_token, whose whole-vocabulary pick came back
-  // undecided (id -1).
-  virtual void pick_logits(float* logits) = 0;
+  // Whole-vocabulary draws (TokenPick) whose survivors outnumbered the few best the device
+  // decides from, drawn by sorting the vocabulary there instead, since construction.
+  virtual int64_t exact_draws() const { return 0; }
   // Whether run_token takes its token's embedding row itself, so the caller need not.
   virtual bool embeds_tokens() const { return false; }
   // run_token steps that found themselves already enqueued (step ahead), since construction.

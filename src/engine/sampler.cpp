@@ -104,11 +104,12 @@ void top_p(std::vector<TokenLogit>& cands, float p) {
     std::partial_sort(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(head), cands.end(), before);
     sorted_rest = false;
   }
-  double cum = 0;
+  double before_chunk = 0, run = 0;  // the mass walked by chunks, as the draw's
   for (size_t i = 0; i < cands.size(); ++i) {
     if (i == head && !sorted_rest) radix_sort_desc(cands.data() + head, cands.data() + cands.size());
-    cum += std::exp(double(cands[i].logit) - max_logit) / total;
-    if (cum >= p) {  // i + 1 >= min_keep (1) always holds
+    if (i % kSumChunk == 0) before_chunk += std::exchange(run, 0.0);
+    run += std::exp(double(cands[i].logit) - max_logit) / total;
+    if (before_chunk + run >= p) {  // i + 1 >= min_keep (1) always holds
       cands.resize(i + 1);
       return;
     }
@@ -265,24 +266,13 @@ void Sampler::apply_penalties(std::vector<TokenLogit>& cands) const {
 }
 
 int32_t Sampler::sample(const float* logits) {
-  load(logits);
-  apply_penalties(cands_);
-  return sample_cands();
-}
-
-int32_t Sampler::sample_penalized(const float* logits) {
-  load(logits);
-  return sample_cands();
-}
-
-void Sampler::load(const float* logits) {
   FRINK_ASSERT(logits != nullptr);
   cands_.resize(n_vocab_);
   for (int32_t i = 0; i < n_vocab_; ++i) cands_[i] = {i, logits[i]};
-}
 
-int32_t Sampler::sample_cands() {
+  apply_penalties(cands_);
   if (params_.temp <= 0.0f) return cands_[sampling::argmax(cands_)].id;
+
   sampling::top_k(cands_, params_.top_k);
   return sampling::finish(cands_, params_.top_p, params_.min_p, params_.temp, take_uniform());
 }

@@ -54,7 +54,8 @@ inline constexpr size_t kSumChunk = 256;
 void sort_desc(std::vector<TokenLogit>& cands);
 // Keeps the k highest (sorted) when 0 < k < size.
 void top_k(std::vector<TokenLogit>& cands, int k);
-// Keeps the smallest sorted prefix whose softmax mass reaches p (p >= 1: off).
+// Keeps the smallest sorted prefix whose softmax mass reaches p (p >= 1: off); the mass through
+// a candidate is taken by chunks (kSumChunk), as finish's.
 void top_p(std::vector<TokenLogit>& cands, float p);
 // Keeps logit >= max_logit + log(p), i.e. prob >= p * max prob (p <= 0: off).
 void min_p(std::vector<TokenLogit>& cands, float p);
@@ -96,8 +97,7 @@ struct DeviceDraw {
 //
 // whole_vocab: a device decides the chain from its best few candidates where they hold every
 // survivor (top-p's cut among them, or fewer min-p survivors than them), and from every
-// logit's exps where nothing cuts (top-p and min-p off); otherwise it hands the penalised
-// logits back for Sampler::sample_penalized.
+// logit's exps where nothing cuts (top-p and min-p off); otherwise by sorting the vocabulary.
 struct DevicePick {
   int top_k = 0;
   bool whole_vocab = false;
@@ -113,8 +113,6 @@ class Sampler {
 
   // logits: [n_vocab] for the next position. Does not record the token: call accept().
   int32_t sample(const float* logits);
-  // sample() of logits the penalties were already applied to (by a device, DevicePick).
-  int32_t sample_penalized(const float* logits);
   // Records a token that entered the context (prompt or generated) for the penalties.
   void accept(int32_t token);
   // Forgets the penalty history and restarts the RNG from the seed, so a fixed seed
@@ -131,8 +129,6 @@ class Sampler {
 
  private:
   void apply_penalties(std::vector<TokenLogit>& cands) const;
-  void load(const float* logits);  // cands_ = every token with its logit, in id order
-  int32_t sample_cands();          // the chain after the penalties, on cands_
   double rng_uniform();   // the RNG's next draw in [0, 1)
   double take_uniform();  // this step's draw: uniform_[0], then one more from the RNG
 

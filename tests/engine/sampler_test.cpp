@@ -180,13 +180,18 @@ TEST(SamplerStages, TopPOverAVocabularyEqualsTheFullSortsPrefix) {
     std::sort(want.begin(), want.end(), [](const TokenLogit& a, const TokenLogit& b) {
       return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
     });
-    double cum = 0;
+    double before = 0, run = 0;  // the mass through each candidate, by chunks
     size_t keep = want.size();
-    for (size_t i = 0; i < want.size(); ++i)
-      if ((cum += std::exp(double(want[i].logit) - max_logit) / total) >= 0.95) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (i % sampling::kSumChunk == 0) {
+        before += run;
+        run = 0;
+      }
+      if (before + (run += std::exp(double(want[i].logit) - max_logit) / total) >= 0.95) {
         keep = i + 1;
         break;
       }
+    }
     want.resize(keep);
     ASSERT_EQ(got.size(), want.size()) << "sd " << sd;
     for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i].id, want[i].id) << "sd " << sd << " rank " << i;
@@ -360,27 +365,30 @@ TEST(SamplerDevicePick, TopKPlusFinishEqualsSample) {
   EXPECT_EQ(Sampler(greedy, n_vocab).device_pick()->top_k, 0);  // the argmax
 }
 
-// sample_penalized (a device's penalised logits handed back) draws what sample() draws from
-// the raw logits, step after step with the same seed and window; top-k off, top-p 1 and min-p
-// off: the draw over every token, whose mass sums by chunks (sampling::kSumChunk).
-TEST(SamplerDevicePick, SamplePenalizedEqualsSample) {
+// The device split of sample() with top-k off (DevicePick::whole_vocab): the penalties on the
+// listed tokens, then sampling::finish over every token in id order with the pick's chain and
+// uniform, handed to take_device_draw, draw what sample() draws, step after step; top-p and
+// min-p off: the draw over every token, its mass by chunks (sampling::kSumChunk).
+TEST(SamplerDevicePick, WholeVocabularyFinishEqualsSample) {
   const SamplerParams p{.temp = 1.1f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .repeat_penalty = 1.3f,
                         .frequency_penalty = 0.2f, .seed = 3};
   const int n_vocab = 1000;
-  Sampler raw(p, n_vocab), pen(p, n_vocab);
+  Sampler full(p, n_vocab), split(p, n_vocab);
   std::set<int32_t> drawn;
   for (int step = 0; step < 40; ++step) {
     std::vector<float> l = random_logits(n_vocab, 500 + step);
-    const int32_t want = raw.sample(l.data());
-    const std::optional<DevicePick> pick = pen.device_pick();
+    const int32_t want = full.sample(l.data());
+    const std::optional<DevicePick> pick = split.device_pick();
     ASSERT_TRUE(pick.has_value() && pick->whole_vocab);
     for (size_t i = 0; i < pick->pen_ids.size(); ++i) {
       float& v = l[static_cast<size_t>(pick->pen_ids[i])];
       v = sampling::penalized(v, pick->pen_counts[i], pick->repeat, pick->frequency, pick->presence);
     }
-    ASSERT_EQ(pen.sample_penalized(l.data()), want) << "step " << step;
-    raw.accept(want);
-    pen.accept(want);
+    std::vector<TokenLogit> all = cands_of(l);
+    const DeviceDraw& d = pick->draw;
+    ASSERT_EQ(split.take_device_draw(sampling::finish(all, d.top_p, d.min_p, d.temp, d.u)), want) << "step " << step;
+    full.accept(want);
+    split.accept(want);
     drawn.insert(want);
   }
   EXPECT_GT(drawn.size(), 20u);  // spread over the vocabulary: chunks past the first were walked

@@ -1969,7 +1969,7 @@ TEST(CudaKernels, DrawMatchesTheHostFinish) {
 
 // Top-k off: the draw over every logit on the device = sampling::finish over the whole
 // vocabulary (id order), or -1 exactly where the device's 256 best cannot decide it (the host's
-// survivors are at least 256). Vocabularies with a short last chunk; peaked logits (a few far
+// survivors are at least 256), and then the exact draw (the vocabulary sorted) = finish. Vocabularies with a short last chunk; peaked logits (a few far
 // above the rest: top-p's cut and min-p's survivors among the 256), flat ones (neither);
 // top-p alone, min-p alone (its survivors re-ordered by id), both, neither (the draw over
 // every logit by chunk sums), min-p above 1; uniforms 0, just below 1, random, and at the
@@ -1984,6 +1984,7 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
   for (int64_t n : {1000, 32000, 151936}) {
     Dev<uint8_t> scratch(std::vector<uint8_t>(cuda::topk_scratch_bytes(n, cuda::kPickMaxTopK)));
     Dev<double> sums(static_cast<size_t>(cuda::draw_sums_bytes(n) / sizeof(double)));
+    Dev<uint8_t> exact(std::vector<uint8_t>(cuda::exact_draw_scratch_bytes(n)));
     for (const bool peaked : {true, false}) {
       auto x = random_floats(rng, n, peaked ? 2.0f : 0.3f);
       if (peaked)
@@ -2037,6 +2038,9 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
             ++undecided;
             EXPECT_GE(survivors.size(), 256u) << what << ": undecided with few survivors";
             EXPECT_FALSE(plain) << what;
+            cuda::launch_exact_draw(dx.p, n, *draw.d, exact.p, out.p, nullptr);
+            EXPECT_EQ(out.get()[0], want) << what << " (exact, " << survivors.size() << " survivors)";
+            moved += out.get()[0] != host[0].id;
             continue;
           }
           ++decided;
@@ -2048,7 +2052,7 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
     }
   }
   EXPECT_GT(decided, 60);
-  EXPECT_GT(undecided, 5);  // flat logits with top-p or min-p
+  EXPECT_GT(undecided, 5);  // flat logits with top-p or min-p: the exact draw
   EXPECT_GT(moved, 30);
   EXPECT_GT(far, 10);  // draws past the first chunk
 }

@@ -193,7 +193,7 @@ TEST(DeviceTokenGraph, ReplayEqualsLayerByLayerBitForBit) {
 // eval_next, on the device where graphs, else layer by layer with every logit on the host.
 struct SampledRun {
   std::vector<int32_t> tokens;
-  int64_t graph_steps, ahead, handed_back;
+  int64_t graph_steps, ahead, exact;
 };
 SampledRun run_sampled(const Model& m, bool graphs, const SamplerParams& params, const std::vector<int32_t>& prompt,
                        int n) {
@@ -210,7 +210,7 @@ SampledRun run_sampled(const Model& m, bool graphs, const SamplerParams& params,
     sampler.accept(out.back());
     out.push_back(dec.eval_next(s, out.back(), sampler));
   }
-  return {out, dec.whole_token_steps(), dec.steps_run_ahead(), dec.draws_handed_back()};
+  return {out, dec.whole_token_steps(), dec.steps_run_ahead(), dec.exact_draws()};
 }
 
 // Sampling with the next token picked on the device (penalties, top-k, top-p, min-p,
@@ -254,8 +254,8 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
 // Top-k off: the draw over every logit on stories260K (a trained model, 512 tokens: the
 // fixtures' 128 are fewer than the device's 256 candidates), tokens exactly the host sampler's
 // on full logits. Min-p's few survivors and the plain draw (by chunk sums) decide on the device
-// and run ahead; top-p just below 1 cuts past the device's 256 best, so those draws come back
-// undecided and the host samples the penalised logits.
+// and run ahead; top-p just below 1 cuts past the device's 256 best, so those draws sort the
+// vocabulary on the device (launch_exact_draw).
 TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
   FRINK_REQUIRE_GPU();
   const char* rel = "models/stories260K.gguf";
@@ -270,7 +270,7 @@ TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
   top_p_only.top_p = std::nextafter(1.0f, 0.0f);  // this peaked model's mass reaches 0.9999 within 256
   top_p_only.repeat_penalty = 1.2f;
   top_p_only.presence_penalty = 0.3f;
-  int64_t handed_back = 0;
+  int64_t exact = 0;
   for (const SamplerParams& p : {min_p_only, every, top_p_only}) {
     const SampledRun dev = run(true, p), ref = run(false, p);
     const std::string what = "top_p " + std::to_string(p.top_p) + " min_p " + std::to_string(p.min_p);
@@ -282,11 +282,11 @@ TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
     }
     std::set<int32_t> spread(dev.tokens.begin(), dev.tokens.end());
     EXPECT_GT(spread.size(), 10u) << what;  // drawn, not a greedy loop
-    handed_back += dev.handed_back;
-    std::printf("whole-vocabulary draw, %s: %lld of 60 steps ahead, %lld handed back\n", what.c_str(),
-                static_cast<long long>(dev.ahead), static_cast<long long>(dev.handed_back));
+    exact += dev.exact;
+    std::printf("whole-vocabulary draw, %s: %lld of 60 steps ahead, %lld by sorting the vocabulary\n",
+                what.c_str(), static_cast<long long>(dev.ahead), static_cast<long long>(dev.exact));
   }
-  EXPECT_GT(handed_back, 0);
+  EXPECT_GT(exact, 0);
 }
 
 // Two sequences taking turns on one Decoder (a server's slots), each with its own mirrors and
