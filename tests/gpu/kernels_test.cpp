@@ -1972,9 +1972,9 @@ TEST(CudaKernels, DrawMatchesTheHostFinish) {
 // survivors are at least 256), and then the exact draw (the vocabulary sorted) = finish. Vocabularies with a short last chunk; peaked logits (a few far
 // above the rest: top-p's cut and min-p's survivors among the 256), flat ones (neither);
 // top-p alone, min-p alone (its survivors re-ordered by id), both, neither (the draw over
-// every logit by chunk sums), min-p above 1; uniforms 0, just below 1, random, and at the
-// chunked mass through a random token and just below it, where any other order of the sums
-// would move the token.
+// every logit by chunk sums), min-p above 1; uniforms 0, just below 1 and random (the same
+// token), and at the chunked mass through a random survivor and just below it (that survivor or
+// the next: exp's last bit may differ).
 TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(73);
@@ -1996,37 +1996,50 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
       for (const DrawChain c : {DrawChain{0.9f, 0.0f, 1.0f}, DrawChain{1.0f, 0.05f, 0.7f},
                                 DrawChain{0.95f, 0.05f, 1.3f}, DrawChain{1.0f, 0.0f, 1.0f},
                                 DrawChain{1.0f, 0.0f, 0.6f}, DrawChain{0.8f, 1.5f, 1.0f}}) {
-        // The host's mass through a random token, by chunks, for the boundary uniforms (top-p
-        // and min-p off: the list is the whole vocabulary in id order).
-        std::vector<double> terms(static_cast<size_t>(n));
-        float vmax = x[0];
-        for (float v : x) vmax = std::max(vmax, v);
-        for (int64_t i = 0; i < n; ++i)
-          terms[static_cast<size_t>(i)] = std::exp(double(x[static_cast<size_t>(i)] / c.temp) - double(vmax / c.temp));
-        const int64_t at_token = static_cast<int64_t>(uni(rng) * double(n - 1));
+        // What the host's chain keeps before the draw (in its order: id order, or top-p's sorted
+        // prefix), and the draw's mass through a random survivor, by chunks, for the boundary
+        // uniforms: there any other order of the sums would move the token.
+        std::vector<TokenLogit> host;
+        for (int64_t i = 0; i < n; ++i) host.push_back({static_cast<int32_t>(i), x[static_cast<size_t>(i)]});
+        std::vector<TokenLogit> survivors = host;
+        sampling::top_p(survivors, c.top_p);
+        sampling::min_p(survivors, c.min_p);
+        const size_t m = survivors.size();
+        float vmax = survivors[0].logit;
+        for (const TokenLogit& t : survivors) vmax = std::max(vmax, t.logit);
+        const auto term = [&](size_t i) {
+          return std::exp(double(survivors[i].logit / c.temp) - double(vmax / c.temp));
+        };
+        const size_t at_survivor = static_cast<size_t>(uni(rng) * double(m - 1));
         double total = 0, mass = 0;
-        for (int64_t b = 0; b < n; b += 256) {
-          double sum = 0, upto = 0;
-          for (int64_t i = b; i < std::min(n, b + 256); ++i) {
-            sum += terms[static_cast<size_t>(i)];
-            if (i == at_token) upto = total + sum;
+        for (size_t b0 = 0; b0 < m; b0 += 256) {
+          double sum = 0;
+          for (size_t i = b0; i < std::min(m, b0 + 256); ++i) {
+            sum += term(i);
+            if (i == at_survivor) mass = total + sum;
           }
-          if (at_token >= b && at_token < b + 256) mass = upto;
           total += sum;
         }
         double u_edge = mass / total;
         while (u_edge * total < mass) u_edge = std::nextafter(u_edge, 1.0);
         while (std::nextafter(u_edge, 0.0) * total >= mass) u_edge = std::nextafter(u_edge, 0.0);
         const bool plain = c.top_p >= 1.0f && c.min_p <= 0.0f;
-        for (int trial = 0; trial < (plain ? 6 : 4); ++trial) {
+        for (int trial = 0; trial < 6; ++trial) {
           const double u = trial == 0 ? 0.0 : trial == 1 ? std::nextafter(1.0, 0.0) : trial == 4 ? u_edge
                            : trial == 5 ? std::nextafter(u_edge, 0.0) : uni(rng);
-          std::vector<TokenLogit> host;
-          for (int64_t i = 0; i < n; ++i) host.push_back({static_cast<int32_t>(i), x[static_cast<size_t>(i)]});
-          std::vector<TokenLogit> survivors = host;  // what the host's chain keeps before the draw
-          sampling::top_p(survivors, c.top_p);
-          sampling::min_p(survivors, c.min_p);
-          const int32_t want = sampling::finish(host, c.top_p, c.min_p, c.temp, u);
+          std::vector<TokenLogit> chain = host;
+          const int32_t want = sampling::finish(chain, c.top_p, c.min_p, c.temp, u);
+          // At the boundary the host draws the survivor after it, just below the survivor
+          // itself; the device's exp may differ from the host's in its last bit, which moves a
+          // draw that close to either side (pick.cuh), so there it may give either.
+          const bool edge = trial >= 4 && m > 1;
+          if (edge) {
+            EXPECT_EQ(want, survivors[at_survivor + (trial == 4 ? 1 : 0)].id);
+          }
+          const auto matches = [&](int32_t token) {
+            return token == want ||
+                   (edge && (token == survivors[at_survivor].id || token == survivors[at_survivor + 1].id));
+          };
           Dev<int32_t> out(std::vector<int32_t>{-7}), pos(std::vector<int32_t>{3});
           cuda::launch_draw_whole(dx.p, n, ids.p, vals.p, draw.set(c, u), sums.p, out.p, nullptr, pos.p);
           const int32_t got = out.get()[0];
@@ -2036,17 +2049,19 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
           EXPECT_EQ(pos.get()[0], 4) << what;
           if (got == -1) {
             ++undecided;
-            EXPECT_GE(survivors.size(), 256u) << what << ": undecided with few survivors";
+            EXPECT_GE(m, 256u) << what << ": undecided with few survivors";
             EXPECT_FALSE(plain) << what;
             cuda::launch_exact_draw(dx.p, n, *draw.d, exact.p, out.p, nullptr);
-            EXPECT_EQ(out.get()[0], want) << what << " (exact, " << survivors.size() << " survivors)";
-            moved += out.get()[0] != host[0].id;
+            EXPECT_TRUE(matches(out.get()[0])) << what << ": " << out.get()[0] << " for " << want << " (exact, " << m
+                                                << " survivors)";
+            moved += out.get()[0] != survivors[0].id;
+            far += at_survivor >= 256 && trial >= 4;
             continue;
           }
           ++decided;
-          EXPECT_EQ(got, want) << what << " (" << survivors.size() << " survivors)";
-          moved += got != host[0].id;
-          far += plain && want >= 256;
+          EXPECT_TRUE(matches(got)) << what << ": " << got << " for " << want << " (" << m << " survivors)";
+          moved += got != survivors[0].id;
+          far += at_survivor >= 256 && trial >= 4;
         }
       }
     }
@@ -2054,7 +2069,7 @@ TEST(CudaKernels, WholeVocabularyDrawMatchesTheHostFinish) {
   EXPECT_GT(decided, 60);
   EXPECT_GT(undecided, 5);  // flat logits with top-p or min-p: the exact draw
   EXPECT_GT(moved, 30);
-  EXPECT_GT(far, 10);  // draws past the first chunk
+  EXPECT_GT(far, 10);  // boundaries past the first chunk
 }
 
 // Device argmax = greedy_token: random logits over vocabulary sizes around the grid's stride,
