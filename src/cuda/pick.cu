@@ -231,7 +231,6 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(const int32_t* ids, cons
 // nothing when min-p decides from the list alone. vals[0]: the largest logit.
 __global__ void __launch_bounds__(kPickSumChunk) draw_sums_kernel(const float* x, int64_t n, const float* vals,
                                                                  const DrawDev* dp, double* sums) {
-  __shared__ double s_e[kPickSumChunk];
   const DrawDev d = *dp;
   const bool top_p = d.top_p < 1.0f;
   if (!top_p && d.min_p > 0.0f) return;
@@ -240,9 +239,7 @@ __global__ void __launch_bounds__(kPickSumChunk) draw_sums_kernel(const float* x
   double e = 0;
   if (i < n)
     e = top_p ? exp(static_cast<double>(x[i]) - static_cast<double>(vmax)) : temp_term(x[i], vmax, d.temp);
-  s_e[threadIdx.x] = e;
-  __syncthreads();
-  if (threadIdx.x == 0) sums[blockIdx.x] = sum_in_order(s_e, kPickSumChunk);  // + 0 past n: the same sum
+  store_chunk_sum(e, sums);  // + 0 past n: the same sum
 }
 
 // sampling::finish over all n logits (top-k off) from their sorted top kPickMaxTopK and the
@@ -255,8 +252,7 @@ __global__ void __launch_bounds__(kThreads) draw_whole_kernel(const float* x, in
   __shared__ int32_t s_id[k];
   __shared__ double s_e[k];
   __shared__ double s_sums[kPickMaxVocab / kPickSumChunk];
-  __shared__ double s_total, s_before, s_at;
-  __shared__ int s_chunk;
+  __shared__ double s_total;
   const DrawDev d = *dp;
   grid_dependency_wait();
   const int t = threadIdx.x;
@@ -302,39 +298,13 @@ __global__ void __launch_bounds__(kThreads) draw_whole_kernel(const float* x, in
     }
     __syncthreads();
   } else {  // nothing cuts: the draw over every logit in id order, by chunks
-    if (t == 0) {
-      const double at = __dmul_rn(d.u, s_total);
-      double before = 0;
-      int c = 0;
-      for (; c < chunks; ++c) {  // no term of a chunk passed here reaches `at` (the sums only grow)
-        const double next = __dadd_rn(before, s_sums[c]);
-        if (at < next) break;
-        before = next;
-      }
-      s_chunk = c;
-      s_before = before;
-      s_at = at;
-    }
+    __shared__ double s_at;
+    if (t == 0) s_at = __dmul_rn(d.u, s_total);
     __syncthreads();
-    const int64_t c = s_chunk, base = c * int64_t{kPickSumChunk};
-    if (c == chunks) {  // the last takes any rounding remainder
-      if (t == 0) {
-        *out = static_cast<int32_t>(n - 1);
-        if (advance) ++*advance;
-      }
-      return;
-    }
-    const int clen = static_cast<int>(min(int64_t{kPickSumChunk}, n - base));
-    if (t < clen) s_e[t] = temp_term(x[base + t], vmax, d.temp);
-    __syncthreads();
+    const int64_t pos =
+        walk_chunks(s_sums, chunks, n, s_at, true, [&](int64_t i) { return temp_term(x[i], vmax, d.temp); });
     if (t == 0) {
-      double run = 0;
-      int j = 0;
-      for (; j < clen - 1; ++j) {
-        run = __dadd_rn(run, s_e[j]);
-        if (s_at < __dadd_rn(s_before, run)) break;
-      }
-      *out = static_cast<int32_t>(base + j);  // the chunk's sum passed `at`: its last if no earlier
+      *out = static_cast<int32_t>(min(pos, n - 1));  // the last takes any rounding remainder
       if (advance) ++*advance;
     }
     return;

@@ -53,7 +53,6 @@ __global__ void __launch_bounds__(kChunk) keys_kernel(const float* x, int64_t n,
 template <class List>
 __global__ void __launch_bounds__(kChunk) chunk_sums_kernel(const float* x, int64_t n, List list, bool by_id,
                                                           float temp, const ExactState* st, double* sums) {
-  __shared__ double s_e[kChunk];
   const int64_t len = by_id ? n : st->len, i = static_cast<int64_t>(blockIdx.x) * kChunk + threadIdx.x;
   if (blockIdx.x * int64_t{kChunk} >= len) return;
   const float vmax = vmax_of(st);
@@ -61,9 +60,7 @@ __global__ void __launch_bounds__(kChunk) chunk_sums_kernel(const float* x, int6
   if (i < len)
     e = by_id ? exp(static_cast<double>(x[i]) - static_cast<double>(vmax))
               : temp_term(list.value(static_cast<int>(i)), vmax, temp);
-  s_e[threadIdx.x] = e;
-  __syncthreads();
-  if (threadIdx.x == 0) sums[blockIdx.x] = sum_in_order(s_e, kChunk);  // + 0 past len: the same sum
+  store_chunk_sum(e, sums);  // + 0 past len: the same sum
 }
 
 // s_sums = sums[0, chunks), by the block.
@@ -81,53 +78,11 @@ __global__ void __launch_bounds__(kChunk) total_kernel(const double* sums, int c
 // sums[c] = the sorted chunk c's top-p terms over the mass, in order (sampling::top_p's walk).
 __global__ void __launch_bounds__(kChunk) sorted_mass_kernel(const uint64_t* keys, int64_t n, const ExactState* st,
                                                            double* sums) {
-  __shared__ double s_q[kChunk];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kChunk + threadIdx.x;
-  s_q[threadIdx.x] =
+  store_chunk_sum(
       i < n ? __ddiv_rn(exp(static_cast<double>(key_value(keys[i])) - static_cast<double>(vmax_of(st))), st->total)
-            : 0.0;
-  __syncthreads();
-  if (threadIdx.x == 0) sums[blockIdx.x] = sum_in_order(s_q, kChunk);
-}
-
-// The first position where the walk's running mass (the earlier chunks' sums, then the chunk's
-// terms up to it) passes `at` (strictly above it where strict, else reaching it), and the mass
-// before its chunk: thread 0 finds the chunk from sums (in s_sums), the block the chunk's terms
-// (term(i) for the chunk's i < len), thread 0 the position. len where none does.
-template <class Term>
-__device__ int64_t walk_chunks(const double* s_sums, int chunks, int64_t len, double at, bool strict, Term term) {
-  __shared__ int s_c;
-  __shared__ double s_before, s_e[kChunk];
-  __shared__ int64_t s_pos;
-  const auto passes = [&](double mass) { return strict ? at < mass : mass >= at; };
-  if (threadIdx.x == 0) {
-    double before = 0;
-    int c = 0;
-    for (; c < chunks; ++c) {  // no term of a chunk passed here passes `at` (the sums only grow)
-      const double next = __dadd_rn(before, s_sums[c]);
-      if (passes(next)) break;
-      before = next;
-    }
-    s_c = c;
-    s_before = before;
-  }
-  __syncthreads();
-  if (s_c == chunks) return len;
-  const int64_t base = static_cast<int64_t>(s_c) * kChunk;
-  const int clen = static_cast<int>(min(int64_t{kChunk}, len - base));
-  if (static_cast<int>(threadIdx.x) < clen) s_e[threadIdx.x] = term(base + threadIdx.x);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double run = 0;
-    int j = 0;
-    for (; j < clen - 1; ++j) {
-      run = __dadd_rn(run, s_e[j]);
-      if (passes(__dadd_rn(s_before, run))) break;
-    }
-    s_pos = base + j;  // the chunk's sum passed: its last if no earlier
-  }
-  __syncthreads();
-  return s_pos;
+            : 0.0,
+      sums);
 }
 
 // sampling::top_p's cut of the sorted keys, then min_p on the prefix: st->len.
