@@ -939,6 +939,10 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   // before the products: their store can run it (MatmulParams::rope, below).
   const NormParams q_norm = norm_params(d.q_norm, q_.f(), q_.f(), n * p.n_head, p.head_dim_k, p.head_dim_k, false);
   const NormParams k_norm = norm_params(d.k_norm, k_.f(), k_.f(), n * p.n_head_kv, p.head_dim_k, p.head_dim_k, false);
+  // olmoe: one RMSNorm over each token's whole q and whole k, before RoPE (a launch of its own:
+  // the products' store sees a head at a time).
+  const NormParams q_norm_full = norm_params(d.q_norm, q_.f(), q_.f(), n, q_w, q_w, false);
+  const NormParams k_norm_full = norm_params(d.k_norm, k_.f(), k_.f(), n, k_w, k_w, false);
   const bool roped = p.rope.kind != RopeKind::kNone;
   RopeLaunch r;
   r.n_tok = n;
@@ -994,7 +998,7 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
     if (folded) read_norm_fold(qkv, 3, attn_fold);  // h is attn_fold: no norm launch
     // RoPE (with the QK-norm for neox heads) and the append in the products' store where it
     // can (decode: matmul_can_rope): one launch fewer per layer.
-    rope_done = roped && !p.attn_out_gate && matmul_can_rope(qkv, 3, r);
+    rope_done = roped && !p.attn_out_gate && !p.qk_norm_full && matmul_can_rope(qkv, 3, r);
     if (rope_done)
       for (MatmulParams& m : qkv) m.rope = &r;
     launch_matmuls(qkv, 3);  // one rounding of h for all three
@@ -1007,6 +1011,7 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
                                          cudaMemcpyDeviceToDevice, stream_));
     }
   }
+  if (p.qk_norm_full) launch_norm_pair(q_norm_full, k_norm_full);
   if (p.qk_norm && !roped) launch_norm_pair(q_norm, k_norm);
   if (!roped) {
     launch_kv_append(k_.f(), v_.f(), k_w, v_w, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), dstage_.f() + pd.k_off,

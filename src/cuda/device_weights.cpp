@@ -109,7 +109,6 @@ Refusal device_refusal(const Model& m, int64_t il) {
   if (p.recurrent != RecurrentKind::kNone) return recurrent_refusal(p, w);
   if (p.attn == AttnKind::kMla) return Refusal::kShape;  // latent attention: host only (src/cpu/mla_attention.h)
   if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
-  if (p.qk_norm_full) return Refusal::kShape;
   if (p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0 || p.head_dim_k > kAttnMaxHeadDim ||
       p.head_dim_v > kAttnMaxHeadDim)
     return Refusal::kShape;
@@ -141,8 +140,9 @@ DeviceWeights::DeviceWeights(const Model& m, bool stack_shared) {
       return r;
     };
     d.attn_norm = nrm(w.attn_norm, hp.n_embd);
-    d.q_norm = norm(w.q_norm, p.head_dim_k);
-    d.k_norm = norm(w.k_norm, p.head_dim_k);
+    // Per head, or (olmoe's qk_norm_full) over the whole q and k projections.
+    d.q_norm = norm(w.q_norm, p.qk_norm_full ? p.n_head * p.head_dim_k : p.head_dim_k);
+    d.k_norm = norm(w.k_norm, p.qk_norm_full ? p.n_head_kv * p.head_dim_k : p.head_dim_k);
     d.q_norm.b = d.k_norm.b = nullptr;
     d.post_attn_norm = nrm(w.post_attn_norm, hp.n_embd);
     d.ffn_norm = nrm(w.ffn_norm, hp.n_embd);

@@ -1,9 +1,9 @@
 // The device's refusal predicate (cuda::device_refusal) on the llama.cpp model files. It is
 // pure (no device call), so it runs wherever the CUDA code is built, GPU or not: CI checks
 // it. Each layer gets the reason its kind should get: Mamba-2 layers kRecurrent (the host
-// runs them), latent attention and whole-projection QK norm kShape, and every kind the
-// device runs (windows, ALiBi, sinks, softcaps, mixtures of experts, gated attention, gated
-// delta nets) kNone.
+// runs them), latent attention kShape, and every kind the device runs (windows, ALiBi, sinks,
+// softcaps, mixtures of experts, gated attention, whole-projection QK norm, gated delta nets)
+// kNone.
 // Each feature is asserted present in its file, so the test cannot pass vacuously.
 #include <string>
 
@@ -20,7 +20,7 @@ namespace {
 
 Refusal expected(const LayerPlan& p) {
   if (p.recurrent == RecurrentKind::kMamba2) return Refusal::kRecurrent;
-  if (p.attn == AttnKind::kMla || p.qk_norm_full) return Refusal::kShape;
+  if (p.attn == AttnKind::kMla) return Refusal::kShape;
   if (p.ffn == FfnKind::kMoe && p.moe.n_group > 1 && p.moe.n_group_used < p.moe.n_group) return Refusal::kMoe;
   return Refusal::kNone;
 }
@@ -28,7 +28,8 @@ Refusal expected(const LayerPlan& p) {
 TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
   FRINK_REQUIRE_SHARED();
   struct Seen {
-    int window = 0, alibi = 0, sinks = 0, moe = 0, gated = 0, delta_net = 0, recurrent = 0, mla = 0, ran = 0;
+    int window = 0, alibi = 0, sinks = 0, moe = 0, gated = 0, qk_norm_full = 0, delta_net = 0, recurrent = 0, mla = 0,
+        ran = 0;
   } seen;
   for (const char* name : {"llama-dense", "qwen2-dense", "qwen3-dense", "mistral3-dense", "phi3-dense", "gemma2-dense",
                            "bloom-dense", "llama-moe", "qwen3moe-moe", "olmoe-moe", "gpt-oss-moe", "deepseek2-moe",
@@ -51,6 +52,7 @@ TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
       seen.sinks += p.attn_sinks;
       seen.moe += p.ffn == FfnKind::kMoe;
       seen.gated += p.attn_out_gate;
+      seen.qk_norm_full += p.qk_norm_full;
       seen.delta_net += p.recurrent == RecurrentKind::kGatedDeltaNet;
     }
     EXPECT_EQ(refusal_name(cuda::device_refusal(*m, m->hp.n_layer)), refusal_name(Refusal::kNone)) << name << " head";
@@ -61,6 +63,7 @@ TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
   EXPECT_GT(seen.sinks, 0);
   EXPECT_GT(seen.moe, 0);
   EXPECT_GT(seen.gated, 0);
+  EXPECT_GT(seen.qk_norm_full, 0);
   EXPECT_GT(seen.delta_net, 0);
   EXPECT_GT(seen.recurrent, 0);
   EXPECT_GT(seen.mla, 0);
