@@ -29,10 +29,11 @@
 // token. So a token graph starts with the token's embedding row (embed.cuh), its id where the
 // pick leaves it; a step run when asked copies its token there. The step ahead changes no
 // host state; its rows go to the other half of the staging (by the position's parity, as its
-// copy events, draw parameters and pick slot), a hybrid's recurrent state to the mirror's
-// other copy (RecurrentMirror), and both land only when the next call adopts it: same
-// position, token, caches and pick (a draw's uniform too), no penalties, and every mirror
-// still current (the staleness rule, so a truncate or restore between the calls drops it).
+// copy events, draw and penalty parameters and pick slot), a hybrid's recurrent state to the
+// mirror's other copy (RecurrentMirror), and both land only when the next call adopts it: same
+// position, token, caches and pick (a draw's uniform too; penalties over the window the step
+// ahead assumed: this one's with the token entering), and every mirror still current (the
+// staleness rule, so a truncate or restore between the calls drops it).
 // Anything else waits for it and drops it (cancel_ahead); its mirror rows lie past seq_len.
 //
 // Gated delta net layers (hybrids) and the recurrent state mirror: cuda_backend_recurrent.cpp.
@@ -84,6 +85,7 @@ static int pick_kind(const TokenPick* p) {
   return !p ? kNoPick : p->request.whole_vocab ? kWholePick : p->request.top_k;
 }
 static int64_t n_pen(const TokenPick* p) { return p ? static_cast<int64_t>(p->request.pen_ids.size()) : 0; }
+static bool penalizes(const TokenPick* p) { return p && p->request.penalize; }
 
 // Where a whole-vocabulary draw's chunk sums lie in pick_scratch_: after the top-k's scratch.
 static size_t draw_sums_offset(int64_t n_vocab) {
@@ -101,14 +103,13 @@ CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
   if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) fail("cublasSetStream failed");
   FRINK_CUDA_CHECK(cudaMalloc(&pos_dev_, sizeof(int32_t)));
   FRINK_CUDA_CHECK(cudaMallocHost(&pos_host_, 2 * sizeof(int32_t)));
-  FRINK_CUDA_CHECK(cudaMalloc(&pick_dev_, sizeof(PickDev)));
-  FRINK_CUDA_CHECK(cudaMallocHost(&pick_host_, sizeof(PickDev)));
   FRINK_CUDA_CHECK(cudaMalloc(&pick_ids_dev_, kPickMaxTopK * sizeof(int32_t)));
   FRINK_CUDA_CHECK(cudaMalloc(&pick_vals_dev_, kPickMaxTopK * sizeof(float)));
   FRINK_CUDA_CHECK(cudaMallocHost(&pick_ids_host_, 2 * sizeof(int32_t)));  // a slot a parity
   // Read by the draw kernel in place: pinned memory is mapped at the same address under
   // unified addressing (every 64-bit platform CUDA 13 runs on).
   FRINK_CUDA_CHECK(cudaHostAlloc(&draw_host_, 2 * sizeof(DrawDev), cudaHostAllocMapped));
+  FRINK_CUDA_CHECK(cudaHostAlloc(&pick_host_, 2 * sizeof(PickDev), cudaHostAllocMapped));  // the penalties' too
   for (cudaEvent_t& e : step_done_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   pick_scratch_.ensure(
       std::max(argmax_scratch_bytes(), draw_sums_offset(m.hp.n_vocab) + draw_sums_bytes(m.hp.n_vocab)));
@@ -134,7 +135,6 @@ CudaBackend::~CudaBackend() {
                     gemm_grouped_calls() ? "as cuBLAS grouped calls" : "one cuBLAS call per expert");
   cudaFree(pos_dev_);
   cudaFreeHost(pos_host_);
-  cudaFree(pick_dev_);
   cudaFreeHost(pick_host_);
   cudaFree(pick_ids_dev_);
   cudaFree(pick_vals_dev_);
@@ -1233,7 +1233,11 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
     float* logits = logits_.f() + parity * V;
     enqueue_head(0, 1, logits);
     if (pick_k != kNoPick) {  // the next token chosen here (TokenPick): penalties, then argmax or top-k and draw
-      if (penalties) launch_penalties(logits, pick_dev_, stream_);
+      if (penalties) {  // the token the graph embeds, where a step ahead's window takes it in
+        PickDev* pen_dev = nullptr;
+        FRINK_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pen_dev), pick_host_ + parity, 0));
+        launch_penalties(logits, pen_dev, pick_ids_dev_, stream_);
+      }
       // The pick advances the position for the step it feeds (a step ahead's; any other step
       // copies its own position first).
       if (pick_k == 0) {
@@ -1309,14 +1313,15 @@ static bool same_draw(const DeviceDraw& a, const DeviceDraw& b) {
 }
 
 // A step enqueued ahead is this call's when nothing it assumed changed: the position, the token
-// (the pick it embedded on the device), the caches, a pick without penalties the same as its
-// own (a draw's uniform included), and each mirror still the image of its cache (the
+// (the pick it embedded on the device), the caches, a pick the same as its own (a draw's
+// uniform included, penalties over the window it assumed), and each mirror still the image of its cache (the
 // staleness rule: a truncate or a restore between the calls fails it).
 bool CudaBackend::adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* const> caches, RecurrentState* recurrent,
                               const float* logits, const TokenPick* pick) {
   if (!ahead_.active) return false;
   bool same = pos0 == ahead_.pos0 && token == ahead_.token && !logits && pick && pick_kind(pick) == ahead_.pick_k &&
-              n_pen(pick) == 0 && (ahead_.pick_k == 0 || same_draw(pick->request.draw, ahead_.draw)) &&
+              ahead_.pen.penalties_after(pick->request, token) &&
+              (ahead_.pick_k == 0 || same_draw(pick->request.draw, ahead_.draw)) &&
               recurrent == ahead_.recurrent &&
               std::equal(caches.begin(), caches.end(), ahead_.caches.begin(), ahead_.caches.end());
   for (size_t i = 0; same && i < ahead_.pending.size(); ++i) {
@@ -1379,6 +1384,20 @@ void CudaBackend::set_draw(int parity, const DeviceDraw& d) {
   draw_host_[parity] = {.u = d.u, .top_p = d.top_p, .min_p = d.min_p, .log_min_p = d.log_min_p, .temp = d.temp};
 }
 
+void CudaBackend::set_penalties(int parity, const DevicePick& r, bool entering) {
+  PickDev& p = pick_host_[parity];
+  p.n_pen = static_cast<int32_t>(r.pen_ids.size());
+  p.entering = entering;
+  p.leaving = r.pen_leaving;
+  p.repeat = r.repeat;
+  p.frequency = r.frequency;
+  p.presence = r.presence;
+  for (size_t i = 0; i < r.pen_ids.size(); ++i) {
+    p.pen[2 * i] = r.pen_ids[i];
+    p.pen[2 * i + 1] = r.pen_counts[i];
+  }
+}
+
 void CudaBackend::finish_step(int parity, bool pick, bool logits) {
   const int64_t V = m_.hp.n_vocab;
   if (logits) copy_out(logits_.f() + parity * V, static_cast<size_t>(V));
@@ -1433,11 +1452,12 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
       copy_events_.size() < static_cast<size_t>(2 * copy_groups_))
     return false;
   const int pick_k = pick_kind(&pick);
-  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, pick_k, false, parity));
+  cudaGraphExec_t exec = cached_token_graph(graph_key(runs, max_keys, pick_k, penalizes(&pick), parity));
   if (!exec) return false;
   DeviceDraw draw = pick.request.draw;  // drawn with the next uniform, into the slot no step in flight reads
   draw.u = pick.request.draw.u_next;
   if (pick_k > 0) set_draw(parity, draw);
+  if (penalizes(&pick)) set_penalties(parity, pick.request, true);  // this window, the pick entering
   // Nothing before the replay: its token's row is the graph's own first kernel, its id the
   // step in flight's pick (pick_ids_dev_), and that pick advanced the position (a kernel
   // right before a replay made the replay itself about 23 us slower: 8B Q4_0, H200, a
@@ -1452,6 +1472,15 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
   ahead_.token = -1;  // known when the step in flight's pick lands
   ahead_.pick_k = pick_k;
   ahead_.draw = draw;
+  ahead_.pen.penalize = pick.request.penalize;
+  if (pick.request.penalize) {
+    ahead_.pen.pen_ids = pick.request.pen_ids;
+    ahead_.pen.pen_counts = pick.request.pen_counts;
+    ahead_.pen.pen_leaving = pick.request.pen_leaving;
+    ahead_.pen.repeat = pick.request.repeat;
+    ahead_.pen.frequency = pick.request.frequency;
+    ahead_.pen.presence = pick.request.presence;
+  }
   ahead_.caches.assign(caches.begin(), caches.end());
   ahead_.pending = std::move(pending);
   ahead_.staging_end = used;
@@ -1534,24 +1563,12 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
       }
       ensure_copy_events(static_cast<size_t>(2 * copy_groups_));
       if (!graph_join_) FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
-      const bool penalties = n_pen(pick) > 0;
+      const bool penalties = penalizes(pick);
       cudaGraphExec_t exec = token_graph_for(graph_key(runs, max_keys, pick_k, penalties, parity), runs, max_keys,
                                              pick_k, penalties, parity);
       // Nothing in flight reads the draw's slot: begin_batch left the stream idle.
       if (pick_k > 0) set_draw(parity, pick->request.draw);
-      if (penalties) {  // the penalties' parameters, after any capture, before the replay that reads them
-        const DevicePick& r = pick->request;
-        pick_host_->n_pen = static_cast<int32_t>(n_pen(pick));
-        pick_host_->repeat = r.repeat;
-        pick_host_->frequency = r.frequency;
-        pick_host_->presence = r.presence;
-        for (size_t i = 0; i < r.pen_ids.size(); ++i) {
-          pick_host_->pen[2 * i] = r.pen_ids[i];
-          pick_host_->pen[2 * i + 1] = r.pen_counts[i];
-        }
-        FRINK_CUDA_CHECK(cudaMemcpyAsync(pick_dev_, pick_host_, pick_dev_bytes(pick_host_->n_pen),
-                                         cudaMemcpyHostToDevice, stream_));
-      }
+      if (penalties) set_penalties(parity, pick->request, false);
       t_launch = Clock::now();
       launch_step(exec, parity);
       t_launched = Clock::now();
@@ -1566,11 +1583,11 @@ void CudaBackend::run_token(int64_t pos0, int32_t token, const float* x, std::sp
     }
     // The next step, enqueued before this one's wait, so the device runs it while the host
     // lands this one's rows and the caller takes its token: where the device's pick is the
-    // token (no penalties, whose window the token changes). Not after a whole-vocabulary draw
+    // token (its penalties' window the same with the pick entering it). Not after a whole-vocabulary draw
     // that needed the exact form: the next one likely does too, and then the step ahead, which
     // embedded its -1, is dropped only after it ran (8B Q4_0 synth, flat logits, `--top-k 0`:
     // 248.5 t/s, 1.7 ms a step waiting for it).
-    if (pick && n_pen(pick) == 0 && !(pick->request.whole_vocab && last_draw_exact_) && !hooks_.no_step_ahead &&
+    if (pick && !(pick->request.whole_vocab && last_draw_exact_) && !hooks_.no_step_ahead &&
         !hooks_.trust_stale_mirror) {
       const Clock::time_point t = Clock::now();
       if (launch_ahead(pos0 + 1, caches, recurrent, *pick)) {

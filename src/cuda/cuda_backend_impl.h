@@ -208,6 +208,9 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // The draw parameters a top-k graph of this parity reads (draw_host_), written while no
   // step of the parity is in flight.
   void set_draw(int parity, const DeviceDraw& d);
+  // The penalties a graph of this parity reads (pick_host_), likewise: r's window, with the
+  // step's own token entering it first where `entering` (a step ahead).
+  void set_penalties(int parity, const DevicePick& r, bool entering);
   // The token of a whole-vocabulary draw its 256 best left undecided, drawn exactly from the
   // parity's logits (launch_exact_draw) on copy_stream_, beside a step ahead on stream_ (which
   // writes the other half of logits_, and is dropped: it embedded the -1).
@@ -294,6 +297,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
     int32_t token = -1;  // its input: the pick of the step before it, once that landed
     int pick_k = 0;      // its pick (pick_kind): the argmax, or a draw with `draw`
     DeviceDraw draw;     // u: the uniform it drew with
+    DevicePick pen;      // the penalties of the step before it, whose window it took with its token entering
     std::vector<KvCache*> caches;
     std::vector<Pending> pending;
     size_t staging_end = 0;
@@ -352,8 +356,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // draw's parameters (pinned, a slot a parity, read by the graph's draw kernel itself), the
   // top k and the chosen id (device; the id's pinned landing place a slot a parity), scratch
   // for the reductions.
-  PickDev* pick_dev_ = nullptr;
-  PickDev* pick_host_ = nullptr;
+  PickDev* pick_host_ = nullptr;      // [2], mapped: a slot a step parity
   DrawDev* draw_host_ = nullptr;     // [2]
   int32_t* pick_ids_dev_ = nullptr;  // [kPickMaxTopK]: the top k; [0] the token after the argmax or draw
   float* pick_vals_dev_ = nullptr;

@@ -16,16 +16,43 @@ constexpr int kBlocks = 512;     // the first passes' grid: its blocks' best bou
 constexpr int kSortThreads = 1024;
 constexpr int kCandCap = 2048;   // candidates the last pass sorts in shared memory (16 KB)
 
-__global__ void penalties_kernel(float* logits, const PickDev* p) {
-  const int n = p->n_pen;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const int32_t id = p->pen[2 * i], count = p->pen[2 * i + 1];
-    float l = logits[id];
-    // sampling::penalized, each operation rounded on its own (the host builds it unfused)
-    l = l <= 0.0f ? __fmul_rn(l, p->repeat) : __fdiv_rn(l, p->repeat);
-    l = __fsub_rn(l, __fadd_rn(__fmul_rn(static_cast<float>(count), p->frequency), p->presence));
-    logits[id] = l;
+constexpr int kPenThreads = 1024;
+constexpr int kPenPerThread = kPickMaxPenalties / kPenThreads;
+
+// sampling::penalized, each operation rounded on its own (the host builds it unfused).
+struct Penalty {
+  float repeat, frequency, presence;
+};
+__device__ __forceinline__ float penalized(float l, int count, Penalty p) {
+  l = l <= 0.0f ? __fmul_rn(l, p.repeat) : __fdiv_rn(l, p.repeat);
+  return __fsub_rn(l, __fadd_rn(__fmul_rn(static_cast<float>(count), p.frequency), p.presence));
+}
+
+// One block: the list and the token are read before the wait (host memory, PCIe), so their
+// latency hides behind the head's product.
+__global__ void __launch_bounds__(kPenThreads) penalties_kernel(float* logits, const PickDev* pick,
+                                                               const int32_t* token) {
+  const PickDev& p = *pick;
+  const int n = p.n_pen;
+  const int32_t entering = p.entering ? *token : -1, leaving = p.entering ? p.leaving : -1;
+  int32_t id[kPenPerThread], count[kPenPerThread];
+  bool listed = false;  // the entering token is in the list
+#pragma unroll
+  for (int j = 0; j < kPenPerThread; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kPenThreads;
+    id[j] = i < n ? p.pen[2 * i] : -1;
+    count[j] = i < n ? p.pen[2 * i + 1] : 0;
+    listed |= id[j] >= 0 && id[j] == entering;
+    count[j] += (id[j] >= 0 && id[j] == entering) - (id[j] >= 0 && id[j] == leaving);
   }
+  const Penalty params{p.repeat, p.frequency, p.presence};
+  grid_dependency_wait();
+#pragma unroll
+  for (int j = 0; j < kPenPerThread; ++j)
+    if (count[j] > 0) logits[id[j]] = penalized(logits[id[j]], count[j], params);
+  // A token not yet in the window enters it once (it cannot be the one leaving: that one is listed).
+  if (!__syncthreads_or(listed) && entering >= 0 && threadIdx.x == 0)
+    logits[entering] = penalized(logits[entering], 1, params);
 }
 
 __device__ __forceinline__ uint64_t max_key(uint64_t a, uint64_t b) { return a > b ? a : b; }
@@ -314,9 +341,9 @@ __global__ void __launch_bounds__(kThreads) draw_whole_kernel(const float* x, in
 
 }  // namespace
 
-void launch_penalties(float* logits, const PickDev* pick, cudaStream_t stream) {
-  penalties_kernel<<<kPickMaxPenalties / kThreads, kThreads, 0, stream>>>(logits, pick);
-  FRINK_CUDA_CHECK_LAUNCH();
+void launch_penalties(float* logits, const PickDev* pick, const int32_t* token, cudaStream_t stream) {
+  static_assert(kPickMaxPenalties % kPenThreads == 0, "whole pairs a thread");
+  launch_dependent(penalties_kernel, 1, kPenThreads, 0, stream, logits, pick, token);
 }
 
 size_t topk_scratch_bytes(int64_t, int) { return sizeof(TopkScratch); }

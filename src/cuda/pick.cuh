@@ -1,6 +1,7 @@
 // The next token chosen next to the logits (engine TokenPick): penalties on the listed tokens,
-// then the argmax (elementwise.cuh) or the top k candidates. Parameters live in device memory
-// (PickDev), written before each step, so a captured token graph serves every step.
+// then the argmax (elementwise.cuh) or the top k candidates. Parameters live in pinned host
+// memory the kernels read (PickDev, DrawDev), written before each step, so a captured token
+// graph serves every step.
 #pragma once
 
 #include <cstddef>
@@ -15,20 +16,23 @@ inline constexpr int kPickMaxTopK = 256;
 inline constexpr int kPickSumChunk = 256;  // engine sampling::kSumChunk
 inline constexpr int64_t kPickMaxVocab = int64_t{1} << 20;
 
-// In device memory; the host fills a pinned copy and sends its used part (pick_dev_bytes)
-// before the step.
+// The penalties of one step (engine DevicePick), read by the kernel from pinned host memory the
+// caller wrote before the launch, a slot a step parity, as DrawDev. A step enqueued ahead
+// (entering = 1) takes the window of the step before it with the token it embeds entering and
+// `leaving` (-1: none) leaving, so its slot holds the same list and no copy precedes its replay.
 struct PickDev {
   int32_t n_pen;
+  int32_t entering;  // 1: the token at launch_penalties' `token` joins the window first
+  int32_t leaving;
   float repeat, frequency, presence;
   int32_t pen[2 * kPickMaxPenalties];  // (token id, count) pairs, ids distinct
 };
-inline size_t pick_dev_bytes(int32_t n_pen) {
-  return offsetof(PickDev, pen) + 2 * static_cast<size_t>(n_pen) * sizeof(int32_t);
-}
 
 // logits[id]: <= 0 ? * repeat : / repeat, then -= count * frequency + presence, each
-// operation rounded once as on the host (no fused multiply-add).
-void launch_penalties(float* logits, const PickDev* pick, cudaStream_t stream);
+// operation rounded once as on the host (no fused multiply-add). token: the id the step
+// embeds (read where pick->entering). A dependent launch (pdl.cuh) of one block, reading
+// pick and token before its wait.
+void launch_penalties(float* logits, const PickDev* pick, const int32_t* token, cudaStream_t stream);
 
 // The sampler's chain after top-k for one step (engine sampling::finish). The kernel reads it
 // from pinned host memory the caller wrote before the launch (a slot a step parity), so a step

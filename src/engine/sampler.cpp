@@ -243,7 +243,10 @@ std::optional<DevicePick> Sampler::device_pick() const {
     pick.draw.u = uniform_[0];
     pick.draw.u_next = uniform_[1];
   }
-  if (!counts_.empty() && !penalties_off(params_)) {
+  if (!penalties_off(params_)) {
+    pick.penalize = true;
+    const auto last_n = static_cast<size_t>(params_.penalty_last_n);
+    if (params_.penalty_last_n > 0 && history_.size() == last_n) pick.pen_leaving = history_.front();
     pick.repeat = params_.repeat_penalty;
     pick.frequency = params_.frequency_penalty;
     pick.presence = params_.presence_penalty;
@@ -253,6 +256,26 @@ std::optional<DevicePick> Sampler::device_pick() const {
     }
   }
   return pick;
+}
+
+bool DevicePick::penalties_after(const DevicePick& next, int32_t entering) const {
+  if (penalize != next.penalize) return false;
+  if (!penalize) return true;
+  if (repeat != next.repeat || frequency != next.frequency || presence != next.presence) return false;
+  std::vector<std::pair<int32_t, int>> want, got;
+  bool entered = false;
+  for (size_t i = 0; i < pen_ids.size(); ++i) {
+    const int32_t id = pen_ids[i];
+    entered |= id == entering;
+    const int n = pen_counts[i] + (id == entering) - (id == pen_leaving);
+    if (n > 0) want.emplace_back(id, n);
+  }
+  if (!entered && entering != pen_leaving) want.emplace_back(entering, 1);
+  for (size_t i = 0; i < next.pen_ids.size(); ++i) got.emplace_back(next.pen_ids[i], next.pen_counts[i]);
+  if (want.size() != got.size()) return false;
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  return want == got;
 }
 
 void Sampler::apply_penalties(std::vector<TokenLogit>& cands) const {

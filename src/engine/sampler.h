@@ -98,12 +98,25 @@ struct DeviceDraw {
 // whole_vocab: a device decides the chain from its best few candidates where they hold every
 // survivor (top-p's cut among them, or fewer min-p survivors than them), and from every
 // logit's exps where nothing cuts (top-p and min-p off); otherwise by sorting the vocabulary.
+//
+// Penalties: penalize says they are on (a window and a penalty that changes logits), even while
+// the window is empty; pen_ids / pen_counts are the window's tokens and counts. A device that
+// picks this step's token itself may start the next step before the caller accepts it: that
+// step's window is this one's with the token entering and pen_leaving (the window's oldest,
+// when it is full; -1 otherwise) leaving (penalties_after checks it against the next pick).
 struct DevicePick {
   int top_k = 0;
   bool whole_vocab = false;
+  bool penalize = false;
   std::vector<int32_t> pen_ids, pen_counts;  // tokens in the penalty window and their counts
+  int32_t pen_leaving = -1;
   float repeat = 1.0f, frequency = 0.0f, presence = 0.0f;
   DeviceDraw draw;  // top_k > 0 or whole_vocab
+
+  // Whether next's penalties are this pick's after `entering` joined the window (and
+  // pen_leaving left it): the same parameters and the same tokens with the same counts, in any
+  // order.
+  bool penalties_after(const DevicePick& next, int32_t entering) const;
 };
 
 class Sampler {

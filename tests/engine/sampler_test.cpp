@@ -437,5 +437,38 @@ TEST(SamplerDevicePick, ResetReplaysTheUniforms) {
   EXPECT_EQ(s.device_pick()->draw.u_next, first.u_next);
 }
 
+// A step enqueued ahead takes the next window as this pick's with the picked token entering
+// (DevicePick::penalties_after): true for the token the caller accepts, through a window that
+// fills, drops its oldest (counts down to zero and down by one) and sees repeats; false for
+// any other token, for other parameters, and where the caller accepted something else too.
+TEST(SamplerDevicePick, NextPenaltiesAreThisWindowWithTheTokenEntering) {
+  const SamplerParams p{.temp = 0.0f, .repeat_penalty = 1.2f, .frequency_penalty = 0.1f, .penalty_last_n = 4};
+  Sampler s(p, 50);
+  std::optional<DevicePick> now = s.device_pick();
+  ASSERT_TRUE(now && now->penalize);
+  EXPECT_TRUE(now->pen_ids.empty());  // on before any token entered
+  const int32_t tokens[] = {7, 3, 7, 9, 7, 1, 2, 3, 3, 3, 8};
+  int leaving = 0;
+  for (const int32_t t : tokens) {
+    leaving += now->pen_leaving >= 0;
+    s.accept(t);
+    const std::optional<DevicePick> next = s.device_pick();
+    EXPECT_TRUE(now->penalties_after(*next, t)) << "token " << t;
+    EXPECT_FALSE(now->penalties_after(*next, (t + 1) % 50)) << "token " << t;
+    DevicePick other = *next;
+    other.presence = 0.5f;
+    EXPECT_FALSE(now->penalties_after(other, t));
+    now = next;
+  }
+  EXPECT_EQ(leaving, 7);  // the window was full from the fourth token on
+  Sampler twice(p, 50);
+  twice.accept(4);
+  const DevicePick before = *twice.device_pick();
+  twice.accept(5);
+  twice.accept(6);
+  EXPECT_FALSE(before.penalties_after(*twice.device_pick(), 5));
+  EXPECT_FALSE(Sampler(SamplerParams{.temp = 0.0f}, 50).device_pick()->penalize);  // neutral penalties: off
+}
+
 }  // namespace
 }  // namespace frink

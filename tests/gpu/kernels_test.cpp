@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -1862,7 +1863,7 @@ TEST(CudaKernels, PenaltiesAndTopKMatchTheHostSampler) {
       Dev<uint8_t> scratch(std::vector<uint8_t>(cuda::topk_scratch_bytes(n, k)));
       Dev<int32_t> ids(std::vector<int32_t>(static_cast<size_t>(k), -1));
       Dev<float> vals(static_cast<size_t>(k));
-      cuda::launch_penalties(dl.p, reinterpret_cast<const cuda::PickDev*>(dpick.p), nullptr);
+      cuda::launch_penalties(dl.p, reinterpret_cast<const cuda::PickDev*>(dpick.p), nullptr, nullptr);
       EXPECT_EQ(dl.get(), ref) << "penalties, n " << n;
       cuda::launch_topk(dl.p, n, k, scratch.p, ids.p, vals.p, nullptr);
       const auto gi = ids.get();
@@ -1872,6 +1873,55 @@ TEST(CudaKernels, PenaltiesAndTopKMatchTheHostSampler) {
         EXPECT_EQ(gv[static_cast<size_t>(r)], want[static_cast<size_t>(r)].logit) << "n " << n << " k " << k << " rank " << r;
       }
     }
+  }
+}
+
+// A step enqueued ahead penalises over the window of the step before it with its own token
+// entering (PickDev::entering) and the oldest leaving: the host's formula on the counts that
+// window has, bit for bit. The token new to the window, or listed; the one leaving down to
+// zero (no penalty left), or down by one; the same token entering and leaving; nothing
+// leaving; a full list of kPickMaxPenalties with a new token entering.
+TEST(CudaKernels, PenaltiesOfAStepAheadTakeItsTokenEntering) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(61);
+  const int64_t n = 151936;
+  struct Case {
+    int n_list, entering, leaving;
+  };
+  // The list: ids 100 * i + 7 (then + 13 and + 26 past 1500 entries), counts 1 + i % 3 (so id 7
+  // has count 1, 107 count 2, 207 count 3).
+  const Case cases[] = {{60, 5, 7}, {60, 307, 107}, {60, 207, 207}, {60, 5, -1}, {60, 407, -1},
+                        {cuda::kPickMaxPenalties, 5, 7}, {0, 5, -1}};
+  for (const Case& c : cases) {
+    const auto l = random_floats(rng, n, 2.0f);
+    auto pd = std::make_unique<cuda::PickDev>();
+    pd->n_pen = c.n_list;
+    pd->entering = 1;
+    pd->leaving = c.leaving;
+    pd->repeat = 1.3f;
+    pd->frequency = 0.25f;
+    pd->presence = 0.5f;
+    std::map<int32_t, int> counts;
+    for (int i = 0; i < c.n_list; ++i) {
+      const int32_t id = 7 + 100 * (i % 1500) + 13 * (i / 1500);
+      ASSERT_EQ(counts.count(id), 0u);
+      pd->pen[2 * i] = id;
+      pd->pen[2 * i + 1] = 1 + i % 3;
+      counts[id] = 1 + i % 3;
+    }
+    ++counts[c.entering];
+    if (c.leaving >= 0 && --counts[c.leaving] == 0) counts.erase(c.leaving);
+    std::vector<float> ref = l;
+    for (const auto& [id, count] : counts) {
+      float& v = ref[static_cast<size_t>(id)];
+      v = sampling::penalized(v, count, pd->repeat, pd->frequency, pd->presence);
+    }
+    Dev<float> dl(l);
+    Dev<uint8_t> dpick(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(pd.get()),
+                                            reinterpret_cast<const uint8_t*>(pd.get()) + sizeof(cuda::PickDev)));
+    Dev<int32_t> token(std::vector<int32_t>{c.entering});
+    cuda::launch_penalties(dl.p, reinterpret_cast<const cuda::PickDev*>(dpick.p), token.p, nullptr);
+    EXPECT_EQ(dl.get(), ref) << "list " << c.n_list << ", entering " << c.entering << ", leaving " << c.leaving;
   }
 }
 

@@ -218,8 +218,9 @@ SampledRun run_sampled(const Model& m, bool graphs, const SamplerParams& params,
 
 // Sampling with the next token picked on the device (penalties, top-k, top-p, min-p,
 // temperature and the draw there) gives exactly the tokens of the same sampler fed the full
-// logits layer by layer: same seed, same draws. Without penalties the steps also run one
-// ahead, each drawn with the sampler's next uniform.
+// logits layer by layer: same seed, same draws. The steps also run one ahead, each drawn with
+// the sampler's next uniform, its penalties over a window of 16 (so tokens leave it) with the
+// token before it entering.
 TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   FRINK_REQUIRE_GPU();
   const char* rel = "llamacpp/quant/llama-dense-Q4_K_M.gguf";
@@ -233,12 +234,13 @@ TEST(DeviceTokenGraph, DevicePickSamplesAsTheHostSampler) {
   sp.repeat_penalty = 1.3f;
   sp.frequency_penalty = 0.2f;
   sp.presence_penalty = 0.1f;
+  sp.penalty_last_n = 16;
   sp.seed = 7;
   const std::vector<int32_t> prompt = {1, 15, 27, 3, 99, 42, 7};
   const auto run = [&](bool graphs, const SamplerParams& p) { return run_sampled(*m, graphs, p, prompt, 40); };
   const SampledRun picked = run(true, sp), host = run(false, sp);
   EXPECT_EQ(picked.graph_steps, 40);
-  EXPECT_EQ(picked.ahead, 0);  // the penalties' window moves with each token
+  EXPECT_GT(picked.ahead, 30);
   EXPECT_EQ(host.graph_steps, 0);
   EXPECT_EQ(picked.tokens, host.tokens);
   SamplerParams plain = sp;  // no penalties: steps run ahead
@@ -269,7 +271,7 @@ TEST(DeviceTokenGraph, WholeVocabularyPickSamplesAsTheHostSampler) {
   const SamplerParams min_p_only{.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.05f, .seed = 9};
   SamplerParams every = min_p_only;
   every.min_p = 0.0f;
-  SamplerParams top_p_only = every;  // with penalties: on the device too, but never ahead
+  SamplerParams top_p_only = every;  // with penalties, on the device too
   top_p_only.top_p = std::nextafter(1.0f, 0.0f);  // this peaked model's mass reaches 0.9999 within 256
   top_p_only.repeat_penalty = 1.2f;
   top_p_only.presence_penalty = 0.3f;
@@ -346,6 +348,15 @@ TEST(DeviceTokenGraph, StepsRunAheadEqualStepsRunWhenAsked) {
   expect_steps_ahead_equal_asked(*m, opts(DeviceChoice::kCuda, 512),
                                  {.prompt = 500, .first = 30, .last = 5, .sampling = sampled},
                                  std::string(rel) + " sampled", 30);
+  // Penalties: a step ahead takes the window with its token entering; a window of 8 fills and
+  // drops its oldest within the script's first steps.
+  SamplerParams penalised = sampled;
+  penalised.repeat_penalty = 1.3f;
+  penalised.frequency_penalty = 0.2f;
+  penalised.penalty_last_n = 8;
+  expect_steps_ahead_equal_asked(*m, opts(DeviceChoice::kCuda, 512),
+                                 {.prompt = 500, .first = 30, .last = 5, .sampling = penalised},
+                                 std::string(rel) + " sampled with penalties", 30);
   // Top-k off with nothing cutting: the draw over every logit, which the device always decides
   // (stories260K: more tokens than the device's 256 candidates).
   const char* stories = "models/stories260K.gguf";

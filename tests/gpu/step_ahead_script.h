@@ -3,7 +3,7 @@
 // enqueued one ahead (CudaBackend::run_token) and once with every step run only when asked,
 // expecting the same bits, through everything that must drop a step ahead or may adopt it:
 // a long run of decode steps (greedy, or drawn with one seeded sampler shared by both
-// sequences), the caller's own token instead of the pick, a rewind of 3 tokens, a
+// sequences, its penalty window taking every token fed), the caller's own token instead of the pick, a rewind of 3 tokens, a
 // logits step (a new batch), the session assigned from a copy of itself, two sequences
 // taking turns.
 #pragma once
@@ -47,8 +47,12 @@ inline StepScriptRun run_step_script(const Model& m, DecoderOptions o, const Ste
   std::vector<float> logits;
   dec.eval(a, prompt, false, logits);
   int32_t t = greedy_token(logits.data(), V);
+  // The sampler's window takes each token fed, as a caller's does (its penalties, where on).
   const auto steps = [&](Session& s, int n) {
-    for (int i = 0; i < n; ++i) r.tokens.push_back(t = dec.eval_next(s, t, sampler));
+    for (int i = 0; i < n; ++i) {
+      sampler.accept(t);
+      r.tokens.push_back(t = dec.eval_next(s, t, sampler));
+    }
   };
   steps(a, sc.first);
   t = static_cast<int32_t>((t + 1) % V);  // the caller's own token, not the pick: the step ahead is dropped
@@ -70,6 +74,7 @@ inline StepScriptRun run_step_script(const Model& m, DecoderOptions o, const Ste
   int32_t tb = greedy_token(logits.data(), V);
   for (int i = 0; i < 4; ++i) {  // two sequences taking turns: each call drops the other's step
     steps(a, 1);
+    sampler.accept(tb);
     r.tokens.push_back(tb = dec.eval_next(b, tb, sampler));
   }
   steps(a, sc.last);
