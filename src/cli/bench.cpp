@@ -40,7 +40,7 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", opt->p.n_threads, "threads (0: one per core)")->check(at_least(0));
   cmd->add_option("-b,--batch-size", opt->p.n_batch, "prompt tokens per layer pass")
       ->capture_default_str()->check(at_least(1));
-  add_device_option(*cmd, opt->device);
+  add_device_option(*cmd, opt->device, opt->p.n_gpu_layers);
   cmd->add_option("--peak-gbps", opt->p.peak_gbps,
                   "memory bandwidth limit in GB/s for the % peak column (default: the device's theoretical peak)");
   cmd->add_option("-o,--output", opt->output, "md or json")->check(CLI::IsMember({"md", "json"}));

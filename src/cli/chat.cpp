@@ -39,7 +39,7 @@ int run(const ChatArgs& a) {
   a.sampling.check();  // before the model loads, not at the first reply
   auto m = load_model_for(a.model);
   auto tok = Tokenizer::from_gguf(m->file->metadata());
-  Decoder dec(*m, decoder_options(a.model));
+  Decoder dec(*m, decoder_options(a.model, *m));
   ChatSession chat(dec, *tok, model_template(*m->file), context_size(a.model, *m), a.system);
   GenerateOptions g;
   g.n_predict = a.n_predict;

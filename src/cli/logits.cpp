@@ -43,7 +43,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 int run(const LogitsArgs& a) {
   std::vector<int32_t> ids = parse_ids(a.tokens);
   auto m = load_model_for(a.model);
-  Decoder dec(*m, decoder_options(a.model));
+  Decoder dec(*m, decoder_options(a.model, *m));
   Session s(*m, context_size(a.model, *m));
   std::vector<float> logits;
   dec.eval(s, ids, true, logits);

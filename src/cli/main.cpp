@@ -24,7 +24,11 @@ int main(int argc, char** argv) {
   // bundled short flags; translate those few before parsing.
   std::vector<std::string> args(argv + 1, argv + argc);
   for (auto& arg : args)
-    if (arg == "-sys") arg = "--system-prompt";
+    if (arg == "-sys") {
+      arg = "--system-prompt";
+    } else if (arg == "-ngl") {
+      arg = "--gpu-layers";
+    }
   std::reverse(args.begin(), args.end());  // CLI11's vector overload takes them last-first
   try {
     app.parse(args);

@@ -15,7 +15,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(at_least(0));
   cmd.add_option("-c,--ctx-size", o.ctx, "context size in tokens (default: 4096 or the model's if smaller; 0: the model's)");
   cmd.add_option("-b,--batch-size", o.batch, "prompt tokens per batch")->check(at_least(1));
-  add_device_option(cmd, o.device);
+  add_device_option(cmd, o.device, o.gpu_layers);
   cmd.add_flag("-v,--verbose", o.verbose, "log more to stderr");
 }
 
@@ -29,9 +29,13 @@ CLI::Validator at_least(int64_t lo) {
       fmt::format(">={}", lo));
 }
 
-void add_device_option(CLI::App& cmd, std::string& name) {
+void add_device_option(CLI::App& cmd, std::string& name, int64_t& gpu_layers) {
   cmd.add_option("--device", name, "cpu, cuda or auto (auto: CUDA when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd.add_option("--gpu-layers,--n-gpu-layers", gpu_layers,
+                 "layers on the GPU (llama.cpp's -ngl works too): the last ones, the output head too past the layer "
+                 "count; default -1: as many as its memory holds")
+      ->check(at_least(-1));
 }
 
 DeviceChoice device_choice(const std::string& name) {
@@ -76,11 +80,13 @@ std::unique_ptr<Model> load_model_for(const ModelOptions& o) {
   return load_model(path);
 }
 
-DecoderOptions decoder_options(const ModelOptions& o) {
+DecoderOptions decoder_options(const ModelOptions& o, const Model& m) {
   DecoderOptions d;
   d.n_threads = o.threads;
   d.n_batch = o.batch;
   d.device = device_choice(o.device);
+  d.n_gpu_layers = o.gpu_layers;
+  d.n_ctx = context_size(o, m);
   return d;
 }
 

@@ -37,7 +37,7 @@ Runner add_perplexity(CLI::App& app) {
   cmd->add_option("--chunks", opt->p.n_chunks, "score at most N windows");
   cmd->add_option("--kl-base,--kl-divergence-base", opt->p.kl_base_out, "save the scored log-probs to FILE");
   cmd->add_option("--kl,--kl-divergence", opt->p.kl_in, "compare against a --kl-base FILE");
-  add_device_option(*cmd, opt->device);
+  add_device_option(*cmd, opt->device, opt->p.n_gpu_layers);
   return [opt]() {
     opt->p.device = device_choice(opt->device);
     if (opt->file.empty() && opt->p.kl_in.empty()) fail("perplexity needs -f TEXT (or --kl FILE)");

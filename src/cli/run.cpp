@@ -30,7 +30,7 @@ int run(const RunArgs& a) {
   if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
   std::vector<int32_t> ids = tok->encode(prompt, !a.no_bos, true);
   if (ids.empty()) fail("the prompt is empty; pass -p TEXT");
-  Decoder dec(*m, decoder_options(a.model));
+  Decoder dec(*m, decoder_options(a.model, *m));
   Session s(*m, context_size(a.model, *m));
   GenerateOptions g;
   g.n_predict = a.n_predict;

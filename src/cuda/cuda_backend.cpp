@@ -94,9 +94,38 @@ static size_t draw_sums_offset(int64_t n_vocab) {
 
 namespace detail {
 
-CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks)
-    : m_(m), hooks_(hooks), info_(probe_device()), w_(m, !hooks.separate_shared_expert) {
-  for (int64_t il = 0; il <= m.hp.n_layer; ++il) refusal_.push_back(device_refusal(m, il));
+// Where each layer's weights go (place_layers), in the device memory free now less a reserve
+// for what the backend allocates beside the weights and the planned mirrors (batch buffers,
+// cuBLAS's workspace, a prompt's f16 weight tiles, the CUDA context's growth): 1 GiB and 2% of
+// the device, a margin rather than a measurement.
+static std::vector<Refusal> placement(const Model& m, const DeviceHooks& hooks, int64_t n_gpu_layers, int64_t n_ctx) {
+  Placement o;
+  o.n_gpu_layers = n_gpu_layers;
+  o.n_ctx = n_ctx > 0 ? n_ctx : 4096;
+  size_t free = 0, total = 0;
+  FRINK_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const size_t reserve = (size_t{1} << 30) + total / 50;
+  o.budget_bytes = hooks.weight_budget_bytes > 0 ? static_cast<size_t>(hooks.weight_budget_bytes)
+                                                 : (free > reserve ? free - reserve : 0);
+  std::vector<Refusal> r = place_layers(m, DeviceWeights::upload_bytes(m, !hooks.separate_shared_expert), o);
+  const auto left = std::count(r.begin(), r.end() - 1, Refusal::kMemory);
+  if (left > 0 || r.back() == Refusal::kMemory) {
+    const std::string why = n_gpu_layers >= 0 ? fmt::format("--gpu-layers {}", n_gpu_layers)
+                                              : fmt::format("{:.2f} GiB of device memory for the weights and the K/V "
+                                                            "of a {}-token context",
+                                                            o.budget_bytes / 1073741824.0, o.n_ctx);
+    FRINK_LOG_INFO("device: {} of {} layers{} run on the host ({})", left, m.hp.n_layer,
+                   r.back() == Refusal::kMemory ? " and the output head" : "", why);
+  }
+  return r;
+}
+
+CudaBackend::CudaBackend(const Model& m, const DeviceHooks& hooks, int64_t n_gpu_layers, int64_t n_ctx)
+    : m_(m),
+      hooks_(hooks),
+      info_(probe_device()),
+      refusal_(placement(m, hooks, n_gpu_layers, n_ctx)),
+      w_(m, refusal_, !hooks.separate_shared_expert) {
   FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialised");
@@ -1664,8 +1693,9 @@ std::string CudaBackend::take_step_times() {
 
 }  // namespace detail
 
-std::unique_ptr<DeviceBackend> make_cuda_backend(const Model& m, const DeviceHooks& hooks) {
-  return std::make_unique<detail::CudaBackend>(m, hooks);
+std::unique_ptr<DeviceBackend> make_cuda_backend(const Model& m, const DeviceHooks& hooks, int64_t n_gpu_layers,
+                                                 int64_t n_ctx) {
+  return std::make_unique<detail::CudaBackend>(m, hooks, n_gpu_layers, n_ctx);
 }
 
 }  // namespace frink::cuda

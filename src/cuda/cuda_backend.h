@@ -3,6 +3,7 @@
 // against its recurrent state mirror (src/cuda/recurrent_mirror.h).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "engine/device_backend.h"
@@ -10,8 +11,10 @@
 
 namespace frink::cuda {
 
-// Uploads the model's device-eligible weights (progress and memory logged). Precondition:
-// probe_device().present. Throws frink::Error on a device failure.
-std::unique_ptr<DeviceBackend> make_cuda_backend(const Model& m, const DeviceHooks& hooks);
+// Uploads the model's device-eligible weights that fit (progress and memory logged; DecoderOptions
+// says what n_gpu_layers and n_ctx mean). Precondition: probe_device().present. Throws
+// frink::Error on a device failure.
+std::unique_ptr<DeviceBackend> make_cuda_backend(const Model& m, const DeviceHooks& hooks, int64_t n_gpu_layers = -1,
+                                                 int64_t n_ctx = 4096);
 
 }  // namespace frink::cuda

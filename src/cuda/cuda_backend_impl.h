@@ -61,7 +61,7 @@ using PinnedBuf = Buf<pinned_alloc, cudaFreeHost>;
 
 class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
  public:
-  CudaBackend(const Model& m, const DeviceHooks& hooks);
+  CudaBackend(const Model& m, const DeviceHooks& hooks, int64_t n_gpu_layers, int64_t n_ctx);
   ~CudaBackend() override;
 
   std::string describe() const override;
@@ -226,8 +226,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   const Model& m_;
   DeviceHooks hooks_;
   DeviceInfo info_;
+  std::vector<Refusal> refusal_;  // per layer, then the output head (place_layers)
   DeviceWeights w_;
-  std::vector<Refusal> refusal_;  // per layer, then the output head
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   // Mirrors by host cache. Nothing tells the device a Session ended, so when a mirror's

@@ -118,107 +118,22 @@ Refusal device_refusal(const Model& m, int64_t il) {
   return Refusal::kNone;
 }
 
-DeviceWeights::DeviceWeights(const Model& m, bool stack_shared) {
+DeviceWeights::DeviceWeights(const Model& m, std::span<const Refusal> placed, bool stack_shared) {
   const Hparams& hp = m.hp;
+  FRINK_ASSERT(static_cast<int64_t>(placed.size()) == hp.n_layer + 1, "{} placements for {} layers", placed.size(),
+               hp.n_layer);
   layers_.resize(static_cast<size_t>(hp.n_layer));
-  size_t free0 = 0, total = 0;
-  FRINK_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+  size_t total = 0;
   int64_t next_report = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     if (il * 10 >= next_report * hp.n_layer) {
       FRINK_LOG_INFO("device: uploading weights, layer {}/{}, {:.2f} GiB so far", il, hp.n_layer, bytes_ / 1073741824.0);
       ++next_report;
     }
-    if (device_refusal(m, il) != Refusal::kNone) continue;
-    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
-    const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
-    DeviceLayer& d = layers_[static_cast<size_t>(il)];
-    const bool ln = hp.norm == NormKind::kLayer;
-    auto nrm = [&](const Norm& n, int64_t len) {
-      DeviceNorm r = norm(n, len);
-      if (!ln) r.b = nullptr;  // RMSNorm has no bias
-      return r;
-    };
-    d.attn_norm = nrm(w.attn_norm, hp.n_embd);
-    // Per head, or (olmoe's qk_norm_full) over the whole q and k projections.
-    d.q_norm = norm(w.q_norm, p.qk_norm_full ? p.n_head * p.head_dim_k : p.head_dim_k);
-    d.k_norm = norm(w.k_norm, p.qk_norm_full ? p.n_head_kv * p.head_dim_k : p.head_dim_k);
-    d.q_norm.b = d.k_norm.b = nullptr;
-    d.post_attn_norm = nrm(w.post_attn_norm, hp.n_embd);
-    d.ffn_norm = nrm(w.ffn_norm, hp.n_embd);
-    d.post_ffn_norm = nrm(w.post_ffn_norm, hp.n_embd);
-    if (p.recurrent == RecurrentKind::kGatedDeltaNet) {
-      const SsmPlan& s = p.ssm;
-      d.ssm_qkv = linear(w.ssm_qkv);
-      d.ssm_z = linear(w.ssm_z);
-      d.ssm_ba = linear(w.ssm_ba);
-      d.ssm_beta = linear(w.ssm_beta);
-      d.ssm_alpha = linear(w.ssm_alpha);
-      d.ssm_out = linear(w.ssm_out);
-      d.ssm_conv1d = upload_vec(w.ssm_conv1d, s.conv_channels() * s.d_conv);
-      d.ssm_conv1d_b = upload_vec(w.ssm_conv1d_b, s.conv_channels());
-      d.ssm_dt_b = upload_vec(w.ssm_dt_b, s.n_v_head);
-      d.ssm_a = upload_vec(w.ssm_a, s.n_v_head);
-      d.ssm_norm = upload_vec(w.ssm_norm, s.head_v_dim());
-    }
-    d.wq = linear(w.wq);
-    d.wk = linear(w.wk);
-    d.wv = linear(w.wv);
-    d.wqkv = linear(w.wqkv);
-    d.wo = linear(w.wo);
-    d.ffn_gate = linear(w.ffn_gate);
-    d.ffn_up = linear(w.ffn_up);
-    d.ffn_down = linear(w.ffn_down);
-    if (p.alibi) {
-      std::vector<float> slopes(static_cast<size_t>(p.n_head));
-      for (int64_t h = 0; h < p.n_head; ++h) slopes[static_cast<size_t>(h)] = cpu::alibi_slope(h, p.n_head, hp.max_alibi_bias);
-      d.alibi_slopes = upload_values(slopes);
-    }
-    if (p.attn_sinks) d.attn_sinks = upload_vec(w.attn_sinks, p.n_head);
-    if (p.ffn == FfnKind::kMoe) {
-      const int64_t n_exp = p.moe.n_expert;
-      d.exp_probs_b = upload_vec(w.exp_probs_b, n_exp);
-      d.shexp_stacked = stack_shared && stacks_shared_expert(p, w);
-      if (d.shexp_stacked) {
-        ++shared_stacked_;
-        for (const SharedStack& st : shared_stacks(w)) d.*st.to = experts_and(*st.x, n_exp, st.part[0], st.part[1]);
-        if (p.moe.shexp_gate) {  // the gate's row after the experts' (F32 rows, no bias)
-          d.router.type = static_cast<int>(GgmlType::F32);
-          d.router.row_bytes = static_cast<size_t>(hp.n_embd) * sizeof(float);
-          d.router.n_in = hp.n_embd;
-          d.router.n_out = n_exp + 1;
-          d.router.w = upload_joined({{w.ffn_gate_inp.w->data, d.router.row_bytes * static_cast<size_t>(n_exp)},
-                                      {w.ffn_gate_inp_shexp, d.router.row_bytes}});
-        } else {
-          d.router = linear(w.ffn_gate_inp);
-        }
-      } else {
-        d.router = linear(w.ffn_gate_inp);
-        d.gate_up_exps = experts(w.ffn_gate_up_exps, n_exp);
-        d.gate_exps = experts(w.ffn_gate_exps, n_exp);
-        d.up_exps = experts(w.ffn_up_exps, n_exp);
-        d.down_exps = experts(w.ffn_down_exps, n_exp);
-        d.gate_shexp = linear(w.ffn_gate_shexp);
-        d.up_shexp = linear(w.ffn_up_shexp);
-        d.down_shexp = linear(w.ffn_down_shexp);
-        if (w.ffn_gate_inp_shexp) {  // one f32 row, so the shared expert's gate is a product too
-          d.gate_inp_shexp.type = 0;
-          d.gate_inp_shexp.w = upload_vec(w.ffn_gate_inp_shexp, hp.n_embd);
-          d.gate_inp_shexp.row_bytes = static_cast<size_t>(hp.n_embd) * sizeof(float);
-          d.gate_inp_shexp.n_in = hp.n_embd;
-          d.gate_inp_shexp.n_out = 1;
-        }
-      }
-    }
+    if (placed[static_cast<size_t>(il)] == Refusal::kNone) upload_layer(m, il, stack_shared);
   }
-  if (device_refusal(m, hp.n_layer) == Refusal::kNone) {
-    output_norm = norm(m.w.output_norm, hp.n_embd);
-    if (hp.norm != NormKind::kLayer) output_norm.b = nullptr;
-    output = linear(m.w.output);
-    bool embed = !hp.embd_norm && m.w.tok_embd && matmul_supported(static_cast<int>(m.w.tok_embd->type));
-    for (int64_t il = 0; il < hp.n_layer && embed; ++il) embed = device_refusal(m, il) == Refusal::kNone;
-    if (embed) token_embd = linear(Linear{.w = m.w.tok_embd});
-  }
+  if (placed.back() == Refusal::kNone)
+    upload_head(m, std::all_of(placed.begin(), placed.end(), [](Refusal r) { return r == Refusal::kNone; }));
   if (m.w.rope_freqs) {
     int64_t n_rot = 0;
     for (const LayerPlan& p : hp.layers) n_rot = std::max(n_rot, p.rope.n_rot);
@@ -231,12 +146,164 @@ DeviceWeights::DeviceWeights(const Model& m, bool stack_shared) {
                  bytes_ / 1073741824.0, (total - free1) / 1073741824.0, total / 1073741824.0);
 }
 
+void DeviceWeights::upload_layer(const Model& m, int64_t il, bool stack_shared) {
+  const Hparams& hp = m.hp;
+  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
+  DeviceLayer& d = layers_[static_cast<size_t>(il)];
+  const bool ln = hp.norm == NormKind::kLayer;
+  auto nrm = [&](const Norm& n, int64_t len) {
+    DeviceNorm r = norm(n, len);
+    if (!ln) r.b = nullptr;  // RMSNorm has no bias
+    return r;
+  };
+  d.attn_norm = nrm(w.attn_norm, hp.n_embd);
+  // Per head, or (olmoe's qk_norm_full) over the whole q and k projections.
+  d.q_norm = norm(w.q_norm, p.qk_norm_full ? p.n_head * p.head_dim_k : p.head_dim_k);
+  d.k_norm = norm(w.k_norm, p.qk_norm_full ? p.n_head_kv * p.head_dim_k : p.head_dim_k);
+  d.q_norm.b = d.k_norm.b = nullptr;
+  d.post_attn_norm = nrm(w.post_attn_norm, hp.n_embd);
+  d.ffn_norm = nrm(w.ffn_norm, hp.n_embd);
+  d.post_ffn_norm = nrm(w.post_ffn_norm, hp.n_embd);
+  if (p.recurrent == RecurrentKind::kGatedDeltaNet) {
+    const SsmPlan& s = p.ssm;
+    d.ssm_qkv = linear(w.ssm_qkv);
+    d.ssm_z = linear(w.ssm_z);
+    d.ssm_ba = linear(w.ssm_ba);
+    d.ssm_beta = linear(w.ssm_beta);
+    d.ssm_alpha = linear(w.ssm_alpha);
+    d.ssm_out = linear(w.ssm_out);
+    d.ssm_conv1d = upload_vec(w.ssm_conv1d, s.conv_channels() * s.d_conv);
+    d.ssm_conv1d_b = upload_vec(w.ssm_conv1d_b, s.conv_channels());
+    d.ssm_dt_b = upload_vec(w.ssm_dt_b, s.n_v_head);
+    d.ssm_a = upload_vec(w.ssm_a, s.n_v_head);
+    d.ssm_norm = upload_vec(w.ssm_norm, s.head_v_dim());
+  }
+  d.wq = linear(w.wq);
+  d.wk = linear(w.wk);
+  d.wv = linear(w.wv);
+  d.wqkv = linear(w.wqkv);
+  d.wo = linear(w.wo);
+  d.ffn_gate = linear(w.ffn_gate);
+  d.ffn_up = linear(w.ffn_up);
+  d.ffn_down = linear(w.ffn_down);
+  if (p.alibi) {
+    std::vector<float> slopes(static_cast<size_t>(p.n_head));
+    for (int64_t h = 0; h < p.n_head; ++h) slopes[static_cast<size_t>(h)] = cpu::alibi_slope(h, p.n_head, hp.max_alibi_bias);
+    d.alibi_slopes = upload_values(slopes);
+  }
+  if (p.attn_sinks) d.attn_sinks = upload_vec(w.attn_sinks, p.n_head);
+  if (p.ffn == FfnKind::kMoe) {
+    const int64_t n_exp = p.moe.n_expert;
+    d.exp_probs_b = upload_vec(w.exp_probs_b, n_exp);
+    d.shexp_stacked = stack_shared && stacks_shared_expert(p, w);
+    if (d.shexp_stacked) {
+      ++shared_stacked_;
+      for (const SharedStack& st : shared_stacks(w)) d.*st.to = experts_and(*st.x, n_exp, st.part[0], st.part[1]);
+      if (p.moe.shexp_gate) {  // the gate's row after the experts' (F32 rows, no bias)
+        d.router.type = static_cast<int>(GgmlType::F32);
+        d.router.row_bytes = static_cast<size_t>(hp.n_embd) * sizeof(float);
+        d.router.n_in = hp.n_embd;
+        d.router.n_out = n_exp + 1;
+        d.router.w = upload_joined({{w.ffn_gate_inp.w->data, d.router.row_bytes * static_cast<size_t>(n_exp)},
+                                    {w.ffn_gate_inp_shexp, d.router.row_bytes}});
+      } else {
+        d.router = linear(w.ffn_gate_inp);
+      }
+    } else {
+      d.router = linear(w.ffn_gate_inp);
+      d.gate_up_exps = experts(w.ffn_gate_up_exps, n_exp);
+      d.gate_exps = experts(w.ffn_gate_exps, n_exp);
+      d.up_exps = experts(w.ffn_up_exps, n_exp);
+      d.down_exps = experts(w.ffn_down_exps, n_exp);
+      d.gate_shexp = linear(w.ffn_gate_shexp);
+      d.up_shexp = linear(w.ffn_up_shexp);
+      d.down_shexp = linear(w.ffn_down_shexp);
+      if (w.ffn_gate_inp_shexp) {  // one f32 row, so the shared expert's gate is a product too
+        d.gate_inp_shexp.type = 0;
+        d.gate_inp_shexp.w = upload_vec(w.ffn_gate_inp_shexp, hp.n_embd);
+        d.gate_inp_shexp.row_bytes = static_cast<size_t>(hp.n_embd) * sizeof(float);
+        d.gate_inp_shexp.n_in = hp.n_embd;
+        d.gate_inp_shexp.n_out = 1;
+      }
+    }
+  }
+}
+
+void DeviceWeights::upload_head(const Model& m, bool all_layers) {
+  const Hparams& hp = m.hp;
+  output_norm = norm(m.w.output_norm, hp.n_embd);
+  if (hp.norm != NormKind::kLayer) output_norm.b = nullptr;
+  output = linear(m.w.output);
+  if (all_layers && !hp.embd_norm && m.w.tok_embd && matmul_supported(static_cast<int>(m.w.tok_embd->type)))
+    token_embd = linear(Linear{.w = m.w.tok_embd});
+}
+
+std::vector<size_t> DeviceWeights::upload_bytes(const Model& m, bool stack_shared) {
+  DeviceWeights c;  // counting: the upload code runs, nothing is allocated or copied
+  std::vector<size_t> bytes;
+  for (int64_t il = 0; il <= m.hp.n_layer; ++il) {
+    const size_t before = c.bytes_;
+    if (device_refusal(m, il) == Refusal::kNone) {
+      if (il < m.hp.n_layer) {
+        c.layers_.resize(static_cast<size_t>(il) + 1);
+        c.upload_layer(m, il, stack_shared);
+      } else {
+        c.upload_head(m, true);
+      }
+    }
+    bytes.push_back(c.bytes_ - before);
+  }
+  return bytes;
+}
+
+std::vector<Refusal> place_layers(const Model& m, std::span<const size_t> bytes, const Placement& o) {
+  const Hparams& hp = m.hp;
+  FRINK_ASSERT(static_cast<int64_t>(bytes.size()) == hp.n_layer + 1, "{} sizes for {} layers", bytes.size(), hp.n_layer);
+  std::vector<Refusal> r;
+  for (int64_t il = 0; il <= hp.n_layer; ++il) r.push_back(device_refusal(m, il));
+  size_t left = o.budget_bytes;
+  const auto take = [&](size_t need) {
+    if (need > left) return false;
+    left -= need;
+    return true;
+  };
+  // The head first (read by every token), on the device with the layers only past n_layer, as
+  // llama.cpp's -ngl counts it.
+  if (r.back() == Refusal::kNone && ((o.n_gpu_layers >= 0 && o.n_gpu_layers <= hp.n_layer) || !take(bytes.back())))
+    r.back() = Refusal::kMemory;
+  // Then the last layers down, each with its K/V mirror at the planned context; the first that
+  // does not fit leaves every earlier one on the host too, so the residual crosses once a pass.
+  int64_t placed = 0;
+  bool full = false;
+  for (int64_t il = hp.n_layer - 1; il >= 0; --il) {
+    Refusal& ri = r[static_cast<size_t>(il)];
+    if (ri != Refusal::kNone) continue;
+    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    const size_t kv = p.recurrent == RecurrentKind::kNone
+                          ? static_cast<size_t>(o.n_ctx * (p.cache_k_width() + p.cache_v_width())) * sizeof(float)
+                          : 0;
+    full = full || (o.n_gpu_layers >= 0 && placed >= o.n_gpu_layers) || !take(bytes[static_cast<size_t>(il)] + kv);
+    if (full) {
+      ri = Refusal::kMemory;
+    } else {
+      ++placed;
+    }
+  }
+  return r;
+}
+
 DeviceWeights::~DeviceWeights() {
   for (void* p : allocations_) cudaFree(p);
 }
 
 const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
   if (auto it = uploaded_.find(host); it != uploaded_.end()) return it->second;
+  if (counting_) {
+    bytes_ += n_bytes;
+    uploaded_[host] = nullptr;
+    return nullptr;
+  }
   void* d = nullptr;
   FRINK_CUDA_CHECK(cudaMalloc(&d, n_bytes));
   allocations_.push_back(d);
@@ -247,6 +314,10 @@ const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
 }
 
 const float* DeviceWeights::upload_values(const std::vector<float>& v) {
+  if (counting_) {
+    bytes_ += v.size() * sizeof(float);
+    return nullptr;
+  }
   void* d = nullptr;
   FRINK_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(float)));
   allocations_.push_back(d);
@@ -314,6 +385,10 @@ DeviceExperts DeviceWeights::experts_and(const Experts& x, int64_t n_expert, con
 const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const void*, size_t>> parts) {
   size_t n = 0;
   for (const auto& [p, bytes] : parts) n += bytes;
+  if (counting_) {
+    bytes_ += n;
+    return nullptr;
+  }
   void* d = nullptr;
   FRINK_CUDA_CHECK(cudaMalloc(&d, n));
   allocations_.push_back(d);
@@ -331,7 +406,7 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
 // its end); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
 int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_t n_in) {
   const int t = x8_type(type, n_in);
-  if (t != type && repacked_.insert(d).second) repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
+  if (t != type && !counting_ && repacked_.insert(d).second) repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
   return t;
 }
 

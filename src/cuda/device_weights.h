@@ -2,8 +2,8 @@
 // (dequantized inside the kernels, never widened on the device), 1-D vectors as f32. Q4_0,
 // Q8_0, Q4_K and Q6_K matrices of suitable widths keep the same blocks and bytes, reordered
 // within each group of 8 (matmul.cuh, x8_type), so decode lanes load them coalesced.
-// Layers the device refuses are not uploaded. Upload progress and the device memory used
-// are logged (info level).
+// Layers the device refuses, or that device memory cannot hold (place_layers), are not
+// uploaded. Upload progress and the device memory used are logged (info level).
 #pragma once
 
 #include <cstddef>
@@ -12,6 +12,7 @@
 #include <utility>
 #include <map>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "engine/device_backend.h"
@@ -78,11 +79,28 @@ struct DeviceLayer {
 // The ONE predicate: check_layer answers from it and residency uploads by it.
 Refusal device_refusal(const Model& m, int64_t il);
 
+// Which layers' weights go to the device (a model larger than its memory runs its first layers
+// on the host, as llama.cpp's -ngl does): what device_refusal leaves, less kMemory for what
+// does not fit in budget_bytes. The head first, then the last layers down, each with its K/V
+// mirror for n_ctx positions; the first that does not fit leaves every earlier one on the
+// host (one crossing of the residual a pass). n_gpu_layers >= 0: at most that many layers,
+// the head only past n_layer. Pure: bytes are DeviceWeights::upload_bytes (n_layer + 1).
+struct Placement {
+  int64_t n_gpu_layers = -1;
+  size_t budget_bytes = SIZE_MAX;
+  int64_t n_ctx = 4096;
+};
+std::vector<Refusal> place_layers(const Model& m, std::span<const size_t> bytes, const Placement& o);
+
 class DeviceWeights {
  public:
-  // Uploads every non-refused layer and the head; stack_shared: shared experts stacked with
-  // the routed ones where they fit (DeviceLayer::shexp_stacked).
-  explicit DeviceWeights(const Model& m, bool stack_shared = true);
+  // Uploads each layer, and the head, placed kNone (placed: n_layer + 1 entries, as
+  // place_layers gives); stack_shared: shared experts stacked with the routed ones where they
+  // fit (DeviceLayer::shexp_stacked).
+  DeviceWeights(const Model& m, std::span<const Refusal> placed, bool stack_shared = true);
+  // What each layer's upload takes, and the head's (il == n_layer, with the token embedding a
+  // token graph reads), counted by the same code with nothing allocated: no device needed.
+  static std::vector<size_t> upload_bytes(const Model& m, bool stack_shared = true);
   ~DeviceWeights();
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
@@ -100,6 +118,10 @@ class DeviceWeights {
   int64_t shared_stacked() const { return shared_stacked_; }  // layers with shexp_stacked
 
  private:
+  DeviceWeights() : counting_(true) {}
+  void upload_layer(const Model& m, int64_t il, bool stack_shared);
+  // all_layers: every layer is on the device too, so a token graph takes its token's row there.
+  void upload_head(const Model& m, bool all_layers);
   const void* upload(const void* host, size_t n_bytes);
   const float* upload_vec(const float* host, int64_t n);
   const float* upload_values(const std::vector<float>& v);  // computed here, never shared
@@ -119,6 +141,7 @@ class DeviceWeights {
   std::set<const void*> repacked_;               // device copies reordered (device_layout)
   size_t bytes_ = 0;
   int64_t shared_stacked_ = 0;
+  bool counting_ = false;  // upload_bytes: count, allocate nothing
 };
 
 }  // namespace frink::cuda

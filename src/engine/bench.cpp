@@ -196,6 +196,13 @@ std::vector<BenchRow> run_bench(const Model& m, const BenchParams& p, const std:
   dopt.n_threads = info.n_threads;
   dopt.n_batch = p.n_batch;
   dopt.device = p.device;
+  dopt.n_gpu_layers = p.n_gpu_layers;
+  // The longest session a row runs: its depth and its prompt or generated tokens.
+  int64_t longest = 0;
+  for (const int64_t d : p.depths)
+    for (const auto* lens : {&p.n_prompt, &p.n_gen})
+      for (const int64_t n : *lens) longest = std::max(longest, d + n);
+  dopt.n_ctx = std::max<int64_t>(longest, 1);
   Decoder dec(m, dopt);
   if (dec.on_device()) info.backend = "CUDA";
   std::mt19937_64 rng(p.seed);

@@ -38,6 +38,7 @@ struct BenchParams {
   int64_t n_batch = 512;
   uint64_t seed = 1234;                   // random prompt and depth tokens
   DeviceChoice device = DeviceChoice::kCpu;
+  int64_t n_gpu_layers = -1;              // DecoderOptions::n_gpu_layers
   double peak_gbps = 0;                   // > 0: the bandwidth limit rows are shown against
                                           // (0: the device's own theoretical peak, if any)
 };

@@ -27,7 +27,7 @@ std::unique_ptr<DeviceBackend> make_device(const Model& m, const DecoderOptions&
     if (o.device == DeviceChoice::kCuda) fail("--device cuda: no usable CUDA device ({})", info.why_absent);
     return nullptr;
   }
-  return cuda::make_cuda_backend(m, o.hooks);
+  return cuda::make_cuda_backend(m, o.hooks, o.n_gpu_layers, o.n_ctx);
 #else
   if (o.device == DeviceChoice::kCuda) fail("--device cuda: this build has no CUDA device path (configure with -DFRINK_CUDA=ON)");
   return nullptr;

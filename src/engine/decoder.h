@@ -26,6 +26,10 @@ struct DecoderOptions {
   int n_threads = 0;     // 0: one per core
   int64_t n_batch = 512; // prompt tokens per layer pass
   DeviceChoice device = DeviceChoice::kCpu;  // kCuda without a usable GPU is an error
+  // Layers on the device: -1 as many as its memory holds, else at most this many (the last
+  // ones; the head too past n_layer), as llama.cpp's -ngl.
+  int64_t n_gpu_layers = -1;
+  int64_t n_ctx = 4096;  // the context the sessions plan for: the device keeps room for its K/V
   DeviceHooks hooks;     // test switches only
 };
 

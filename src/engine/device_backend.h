@@ -34,6 +34,7 @@ enum class Refusal : uint8_t {
   kRope,          // a RoPE variant the device does not implement
   kMoe,           // a mixture-of-experts FFN the device does not route (group-limited, > 512 experts)
   kRecurrent,     // a recurrent layer the device does not run (Mamba-2); gated delta nets run
+  kMemory,        // device memory (or --gpu-layers) leaves the layer on the host
   kCount,
 };
 
@@ -47,6 +48,7 @@ constexpr std::string_view refusal_name(Refusal r) {
     case Refusal::kRope: return "rope";
     case Refusal::kMoe: return "moe";
     case Refusal::kRecurrent: return "recurrent";
+    case Refusal::kMemory: return "memory";
     case Refusal::kCount: break;
   }
   return "?";
@@ -81,6 +83,7 @@ struct DeviceHooks {
   bool trust_stale_mirror = false;  // SABOTAGE: the KV mirror skips its staleness re-upload
   bool no_token_graph = false;      // decode steps go layer by layer, never run_token
   int64_t mirror_budget_bytes = 0;  // > 0: KV mirrors get this much device memory, not all free
+  int64_t weight_budget_bytes = 0;  // > 0: weights and planned mirrors get this much, not all free
   bool separate_shared_expert = false;  // shared experts run as their own products, never stacked
   bool no_step_ahead = false;           // greedy decode steps never start before the caller asks (run_token)
 };

@@ -173,6 +173,8 @@ PerplexityResult run_perplexity(const Model& m, std::vector<int32_t> tokens, int
   dopt.n_threads = p.n_threads;
   dopt.n_batch = n_batch;
   dopt.device = p.device;
+  dopt.n_gpu_layers = p.n_gpu_layers;
+  dopt.n_ctx = n_ctx;
   Decoder dec(m, dopt);
   PerplexityResult r;
   KlAccum kl;

@@ -40,6 +40,7 @@ struct PerplexityParams {
   int64_t n_batch = 2048;     // tokens per eval; clamped to n_ctx
   int n_threads = 0;          // 0: one per core
   DeviceChoice device = DeviceChoice::kCpu;
+  int64_t n_gpu_layers = -1;  // DecoderOptions::n_gpu_layers
   int64_t n_chunks = -1;      // < 0: every whole window of the text
   std::string kl_base_out;    // write the KL base file here
   std::string kl_in;          // compare against this KL base file

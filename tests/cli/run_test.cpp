@@ -27,6 +27,21 @@ TEST(Run, Stories260KGreedyTextEqualsLlamaCpp) {
   EXPECT_NE(r.err.find("tok/s"), std::string::npos) << "timings belong on stderr";
 }
 
+// llama.cpp's -ngl: on a GPU the last 2 layers run there and the rest on the CPU, elsewhere all on
+// the CPU; the text is llama.cpp's either way. A count below -1 is refused.
+TEST(Run, GpuLayersKeepTheGreedyText) {
+  FRINK_REQUIRE_SHARED();
+  const auto model = shared_testdata() / "models" / "stories260K.gguf";
+  auto r = run_frink("run -m " + model.string() + " -p \"Once upon a time\" -n 120 --temp 0 -t 2 -ngl 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string expected =
+      read_text_file(shared_testdata() / "expected" / "stories260K_greedy_llamacpp_prompt_OnceUponATime_n120.txt");
+  EXPECT_EQ(trim(r.out), trim(expected));
+  auto bad = run_frink("run -m " + model.string() + " -p hi -n 1 --gpu-layers -2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--gpu-layers"), std::string::npos) << bad.err;
+}
+
 TEST(Run, SeededSamplingIsReproducible) {
   FRINK_REQUIRE_SHARED();
   const auto model = shared_testdata() / "models" / "stories260K.gguf";

@@ -5,7 +5,9 @@
 // softcaps, mixtures of experts, gated attention, whole-projection QK norm, gated delta nets)
 // kNone.
 // Each feature is asserted present in its file, so the test cannot pass vacuously.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -70,6 +72,69 @@ TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
   std::printf("[plan] device runs %d layers of the llama.cpp files (%d gated delta nets); %d recurrent and %d "
               "latent-attention refuse\n",
               seen.ran, seen.delta_net, seen.recurrent, seen.mla);
+}
+
+Refusal placed_as(const std::vector<Refusal>& r, int64_t il) { return r[static_cast<size_t>(il)]; }
+
+// Where a model's weights go when device memory is short or -ngl limits them (place_layers),
+// from what each layer's upload takes (DeviceWeights::upload_bytes, counted without a device):
+// the head first, then the last layers down, each with its K/V mirror; a refusal of another
+// kind keeps its reason and takes no memory. Pure, so CI checks it.
+TEST(DevicePlacement, TheHeadThenTheLastLayersThatFit) {
+  FRINK_REQUIRE_SHARED();
+  for (const char* name : {"qwen3-dense", "granitehybrid-dense"}) {  // granite: Mamba-2 layers refuse
+    const auto m = load_model((shared_testdata() / "llamacpp" / "archs" / (std::string(name) + ".gguf")).string());
+    const int64_t n = m->hp.n_layer;
+    ASSERT_GE(n, 2);
+    const std::vector<size_t> bytes = cuda::DeviceWeights::upload_bytes(*m);
+    ASSERT_EQ(static_cast<int64_t>(bytes.size()), n + 1);
+    std::vector<Refusal> own;
+    for (int64_t il = 0; il <= n; ++il) {
+      own.push_back(cuda::device_refusal(*m, il));
+      const LayerWeights& w = il < n ? m->w.layers[static_cast<size_t>(il)] : LayerWeights{};
+      size_t mats = 0;  // its matrices at least: the upload counts them with norms and vectors
+      for (const Linear* l : {&w.wq, &w.wk, &w.wv, &w.wo, &w.ffn_gate, &w.ffn_up, &w.ffn_down})
+        if (*l) mats += l->w->n_bytes;
+      if (il == n) mats = m->w.output.w->n_bytes;
+      if (own.back() == Refusal::kNone) {
+        EXPECT_GE(bytes[static_cast<size_t>(il)], mats) << name << " layer " << il;
+      } else {
+        EXPECT_EQ(bytes[static_cast<size_t>(il)], 0u) << name << " layer " << il;  // never uploaded
+      }
+    }
+    const auto kv = [&](int64_t il, int64_t n_ctx) {
+      const LayerPlan& p = m->hp.layers[static_cast<size_t>(il)];
+      return static_cast<size_t>(n_ctx * (p.cache_k_width() + p.cache_v_width())) * sizeof(float);
+    };
+    EXPECT_EQ(cuda::place_layers(*m, bytes, {}), own) << name << ": room for everything";
+    std::vector<Refusal> none = own;
+    for (Refusal& r : none)
+      if (r == Refusal::kNone) r = Refusal::kMemory;
+    EXPECT_EQ(cuda::place_layers(*m, bytes, {.budget_bytes = 0}), none) << name;
+    EXPECT_EQ(cuda::place_layers(*m, bytes, {.n_gpu_layers = n + 1}), own) << name;
+    EXPECT_EQ(cuda::place_layers(*m, bytes, {.n_gpu_layers = 0}), none) << name;
+    // -ngl 1: the last device layer alone, the head on the host.
+    std::vector<Refusal> last = none;
+    int64_t last_il = n - 1;
+    while (last_il > 0 && own[static_cast<size_t>(last_il)] != Refusal::kNone) --last_il;
+    ASSERT_EQ(own[static_cast<size_t>(last_il)], Refusal::kNone) << name;
+    last[static_cast<size_t>(last_il)] = Refusal::kNone;
+    EXPECT_EQ(cuda::place_layers(*m, bytes, {.n_gpu_layers = 1}), last) << name;
+    // Memory for the head and exactly that layer with a 256-token mirror, and a byte less.
+    const size_t fit = bytes.back() + bytes[static_cast<size_t>(last_il)] + kv(last_il, 256);
+    std::vector<Refusal> head_and_last = last;
+    head_and_last.back() = Refusal::kNone;
+    EXPECT_EQ(cuda::place_layers(*m, bytes, {.budget_bytes = fit, .n_ctx = 256}), head_and_last) << name;
+    std::vector<Refusal> head_only = none;
+    head_only.back() = Refusal::kNone;
+    EXPECT_EQ(cuda::place_layers(*m, bytes, {.budget_bytes = fit - 1, .n_ctx = 256}), head_only) << name;
+    // The planned context's mirrors count: at a context 64 times longer the same bytes hold less.
+    const auto placed = [](const std::vector<Refusal>& r) { return std::count(r.begin(), r.end(), Refusal::kNone); };
+    size_t all = 0;
+    for (int64_t il = 0; il <= n; ++il) all += bytes[static_cast<size_t>(il)] + (il < n ? kv(il, 256) : 0);
+    EXPECT_EQ(placed(cuda::place_layers(*m, bytes, {.budget_bytes = all, .n_ctx = 256})), placed(own)) << name;
+    EXPECT_LT(placed(cuda::place_layers(*m, bytes, {.budget_bytes = all, .n_ctx = 256 * 64})), placed(own)) << name;
+  }
 }
 
 }  // namespace
