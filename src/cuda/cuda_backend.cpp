@@ -179,6 +179,14 @@ CudaBackend::~CudaBackend() {
       if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : step_done_)
     if (e) cudaEventDestroy(e);
+  for (LayerSlot& s : slots_) {
+    if (s.read) cudaEventDestroy(s.read);
+    if (s.filled) cudaEventDestroy(s.filled);
+  }
+  if (fill_stream_) {
+    cudaStreamSynchronize(fill_stream_);
+    cudaStreamDestroy(fill_stream_);
+  }
   cudaStreamDestroy(copy_stream_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
@@ -512,6 +520,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     if (auto it = mirrors_.find(c); it != mirrors_.end()) it->second.last_use = batch_tick_;
   n_tok_ = n_tok;
   pos0_ = pos0;
+  lend_batch_ = false;
+  lend_batch_ = n_tok >= kLendMinTok && !lending_off_ && ready_lending(caches);
   const Hparams& hp = m_.hp;
   int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd;
   int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: stack experts (router rows), n_tok * slots, slots * n_ff_exp
@@ -941,11 +951,76 @@ CudaBackend::Pending CudaBackend::add_pending(KvCache& cache, KvMirror& mirror) 
 
 void CudaBackend::run_layer(int64_t il, KvCache& cache) {
   const LayerPlan& p = m_.hp.layers[static_cast<size_t>(il)];
-  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone, "run_layer on refused layer {}", il);
+  FRINK_ASSERT(check_layer(il) == Refusal::kNone, "run_layer on refused layer {}", il);
   FRINK_ASSERT(cache.rows() == pos0_, "cache has {} rows at position {}", cache.rows(), pos0_);
   KvMirror& mirror = ready_mirror(cache, p, n_tok_);
+  LayerSlot* lent = refusal_[static_cast<size_t>(il)] == Refusal::kMemory ? &lend_layer(il) : nullptr;
   enqueue_layer(il, mirror, add_pending(cache, mirror), pos0_ + n_tok_);
+  if (lent) {  // the slot may be filled again once this layer's kernels have read it
+    FRINK_CUDA_CHECK(cudaEventRecord(lent->read, stream_));
+    lent->read_recorded = true;
+  }
   if (n_tok_ >= kEarlyCopyMinTok) copy_back_early();
+}
+
+bool CudaBackend::ready_lending(std::span<KvCache* const> caches) {
+  const Hparams& hp = m_.hp;
+  if (static_cast<int64_t>(caches.size()) != hp.n_layer) return false;
+  if (slot_bytes_ == 0) {
+    for (int64_t il = 0; il < hp.n_layer; ++il)
+      if (refusal_[static_cast<size_t>(il)] == Refusal::kMemory &&
+          hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone)
+        slot_bytes_ = std::max(slot_bytes_, w_.fill_bytes(m_, il));
+    if (slot_bytes_ == 0) {
+      lending_off_ = true;
+      return false;
+    }
+  }
+  // What lending takes beside what is resident: the slots (once) and the lent layers' mirrors.
+  size_t need = slots_[0].buf.bytes ? 0 : 2 * slot_bytes_;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    if (refusal_[static_cast<size_t>(il)] != Refusal::kMemory || p.recurrent != RecurrentKind::kNone) continue;
+    const KvCache& cache = *caches[static_cast<size_t>(il)];
+    const auto it = mirrors_.find(&cache);
+    need += it != mirrors_.end() && it->second.mirror ? it->second.mirror->growth_bytes(cache, n_tok_)
+                                                      : static_cast<size_t>(mirror_capacity_for(pos0_ + n_tok_, cache.planned_capacity()) *
+                                                                            (cache.k_width() + cache.v_width())) *
+                                                            sizeof(float);
+  }
+  size_t free = 0, total = 0;
+  FRINK_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  if (need + (size_t{256} << 20) > free) {
+    FRINK_LOG_DEBUG("device: a prompt batch keeps its {} host layers there ({:.2f} GiB would not fit)",
+                    std::count(refusal_.begin(), refusal_.end() - 1, Refusal::kMemory), need / 1073741824.0);
+    return false;
+  }
+  if (!slots_[0].buf.bytes) {
+    FRINK_CUDA_CHECK(cudaStreamCreateWithFlags(&fill_stream_, cudaStreamNonBlocking));
+    for (LayerSlot& s : slots_) {
+      s.buf.ensure(slot_bytes_);
+      FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&s.read, cudaEventDisableTiming));
+      FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&s.filled, cudaEventDisableTiming));
+    }
+    FRINK_LOG_INFO("device: prompt batches lend the host's layers the device, through two {:.2f} GiB slots",
+                   slot_bytes_ / 1073741824.0);
+  }
+  return true;
+}
+
+CudaBackend::LayerSlot& CudaBackend::lend_layer(int64_t il) {
+  LayerSlot* s = slots_[0].layer == il ? &slots_[0] : slots_[1].layer == il ? &slots_[1] : nullptr;
+  if (!s) {
+    s = &slots_[next_slot_];
+    next_slot_ ^= 1;
+    if (s->read_recorded) FRINK_CUDA_CHECK(cudaStreamWaitEvent(fill_stream_, s->read, 0));
+    s->layer = -1;  // a failed fill leaves it holding nothing
+    w_.fill(m_, il, s->buf.p, s->buf.bytes, fill_stream_);
+    s->layer = il;
+    FRINK_CUDA_CHECK(cudaEventRecord(s->filled, fill_stream_));
+  }
+  FRINK_CUDA_CHECK(cudaStreamWaitEvent(stream_, s->filled, 0));
+  return *s;
 }
 
 void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys) {

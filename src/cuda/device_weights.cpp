@@ -130,8 +130,20 @@ DeviceWeights::DeviceWeights(const Model& m, std::span<const Refusal> placed, bo
       FRINK_LOG_INFO("device: uploading weights, layer {}/{}, {:.2f} GiB so far", il, hp.n_layer, bytes_ / 1073741824.0);
       ++next_report;
     }
-    if (placed[static_cast<size_t>(il)] == Refusal::kNone) upload_layer(m, il, stack_shared);
+    const Refusal r = placed[static_cast<size_t>(il)];
+    if (r == Refusal::kNone) {
+      upload_layer(m, il, stack_shared);
+    } else if (r == Refusal::kMemory) {  // its shape (types, widths, stacking) without its bytes: fill's
+      const size_t before = bytes_;
+      auto resident = uploaded_;  // counting marks its pieces uploaded (as null)
+      counting_ = true;
+      upload_layer(m, il, stack_shared);
+      counting_ = false;
+      bytes_ = before;
+      uploaded_ = std::move(resident);
+    }
   }
+  stack_shared_ = stack_shared;
   if (placed.back() == Refusal::kNone)
     upload_head(m, std::all_of(placed.begin(), placed.end(), [](Refusal r) { return r == Refusal::kNone; }));
   if (m.w.rope_freqs) {
@@ -198,7 +210,7 @@ void DeviceWeights::upload_layer(const Model& m, int64_t il, bool stack_shared) 
     d.exp_probs_b = upload_vec(w.exp_probs_b, n_exp);
     d.shexp_stacked = stack_shared && stacks_shared_expert(p, w);
     if (d.shexp_stacked) {
-      ++shared_stacked_;
+      if (!counting_ && !fill_) ++shared_stacked_;
       for (const SharedStack& st : shared_stacks(w)) d.*st.to = experts_and(*st.x, n_exp, st.part[0], st.part[1]);
       if (p.moe.shexp_gate) {  // the gate's row after the experts' (F32 rows, no bias)
         d.router.type = static_cast<int>(GgmlType::F32);
@@ -297,7 +309,49 @@ DeviceWeights::~DeviceWeights() {
   for (void* p : allocations_) cudaFree(p);
 }
 
+char* DeviceWeights::fill_place(size_t n) {
+  fill_->off = (fill_->off + kFillAlign - 1) / kFillAlign * kFillAlign;
+  FRINK_ASSERT(fill_->off + n <= fill_->cap, "a layer's fill past its slot ({} + {} > {})", fill_->off, n, fill_->cap);
+  char* d = fill_->base ? fill_->base + fill_->off : nullptr;  // null: fill_bytes, counting
+  fill_->off += n;
+  return d;
+}
+
+void DeviceWeights::fill(const Model& m, int64_t il, void* slot, size_t slot_bytes, cudaStream_t stream) {
+  Fill f;
+  f.base = static_cast<char*>(slot);
+  f.cap = slot_bytes;
+  f.stream = stream;
+  fill_ = &f;
+  try {
+    upload_layer(m, il, stack_shared_);
+  } catch (...) {
+    fill_ = nullptr;
+    throw;
+  }
+  fill_ = nullptr;
+}
+
+size_t DeviceWeights::fill_bytes(const Model& m, int64_t il) const {
+  // The counting upload with a slot's alignment: each piece rounded up to it.
+  DeviceWeights c;
+  c.layers_.resize(static_cast<size_t>(m.hp.n_layer));
+  Fill f;
+  f.cap = SIZE_MAX;
+  c.fill_ = &f;
+  c.counting_ = false;
+  c.upload_layer(m, il, stack_shared_);
+  return f.off;
+}
+
 const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
+  if (fill_) {
+    if (auto it = fill_->seen.find(host); it != fill_->seen.end()) return it->second;
+    char* d = fill_place(n_bytes);
+    if (d) FRINK_CUDA_CHECK(cudaMemcpyAsync(d, host, n_bytes, cudaMemcpyHostToDevice, fill_->stream));
+    fill_->seen[host] = d;
+    return d;
+  }
   if (auto it = uploaded_.find(host); it != uploaded_.end()) return it->second;
   if (counting_) {
     bytes_ += n_bytes;
@@ -314,6 +368,14 @@ const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
 }
 
 const float* DeviceWeights::upload_values(const std::vector<float>& v) {
+  if (fill_) {  // v is the caller's temporary: copied before it goes
+    char* d = fill_place(v.size() * sizeof(float));
+    if (d) {
+      FRINK_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, fill_->stream));
+      FRINK_CUDA_CHECK(cudaStreamSynchronize(fill_->stream));
+    }
+    return reinterpret_cast<const float*>(d);
+  }
   if (counting_) {
     bytes_ += v.size() * sizeof(float);
     return nullptr;
@@ -385,6 +447,15 @@ DeviceExperts DeviceWeights::experts_and(const Experts& x, int64_t n_expert, con
 const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const void*, size_t>> parts) {
   size_t n = 0;
   for (const auto& [p, bytes] : parts) n += bytes;
+  if (fill_) {
+    char* d = fill_place(n);
+    size_t at = 0;
+    for (const auto& [p, bytes] : parts) {
+      if (d && bytes) FRINK_CUDA_CHECK(cudaMemcpyAsync(d + at, p, bytes, cudaMemcpyHostToDevice, fill_->stream));
+      at += bytes;
+    }
+    return d;
+  }
   if (counting_) {
     bytes_ += n;
     return nullptr;
@@ -406,6 +477,10 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
 // its end); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
 int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_t n_in) {
   const int t = x8_type(type, n_in);
+  if (fill_) {  // a slot's copy: reordered after it lands, on its stream, at every fill
+    if (t != type && d) repack_x8(type, const_cast<void*>(d), n_bytes, fill_->stream);
+    return t;
+  }
   if (t != type && !counting_ && repacked_.insert(d).second) repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
   return t;
 }

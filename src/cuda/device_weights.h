@@ -15,6 +15,8 @@
 #include <span>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "engine/device_backend.h"
 #include "model/model.h"
 
@@ -101,6 +103,13 @@ class DeviceWeights {
   // What each layer's upload takes, and the head's (il == n_layer, with the token embedding a
   // token graph reads), counted by the same code with nothing allocated: no device needed.
   static std::vector<size_t> upload_bytes(const Model& m, bool stack_shared = true);
+  // A layer placed kMemory, lent the device for one batch (CudaBackend's streamed prompt
+  // layers): its weights copied into `slot` (at least fill_bytes(il)) and reordered on
+  // `stream`, layer(il) pointing there until the slot's next fill. The host returns once the
+  // copies are queued (a pageable source: once the driver has staged them).
+  void fill(const Model& m, int64_t il, void* slot, size_t slot_bytes, cudaStream_t stream);
+  // What fill(il) takes of a slot: the upload's bytes with each piece's alignment.
+  size_t fill_bytes(const Model& m, int64_t il) const;
   ~DeviceWeights();
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
@@ -142,6 +151,18 @@ class DeviceWeights {
   size_t bytes_ = 0;
   int64_t shared_stacked_ = 0;
   bool counting_ = false;  // upload_bytes: count, allocate nothing
+  // fill: pieces placed in a slot at aligned offsets, copied on its stream.
+  struct Fill {
+    char* base = nullptr;
+    size_t cap = 0, off = 0;
+    cudaStream_t stream = nullptr;
+    std::map<const void*, const void*> seen;  // tied pieces once
+  };
+  Fill* fill_ = nullptr;
+  static constexpr size_t kFillAlign = 256;
+  bool stack_shared_ = true;
+  // The slot address of the next piece of n bytes (fill_).
+  char* fill_place(size_t n);
 };
 
 }  // namespace frink::cuda

@@ -452,6 +452,56 @@ TEST(DevicePlacement, LayersLeftOnTheHostMatchHost) {
     EXPECT_EQ(dev.refusals[Refusal::kMemory], static_cast<uint64_t>(9 * (n + 1)) - c.on_device) << c.what;
   }
 }
+
+// Prompt batches of 32 tokens or more run the layers left on the host on the device too,
+// copied into a slot layer by layer (CudaBackend's lent layers; K-quant weights reordered after
+// each copy): with -ngl 1 every layer of a 40-token batch runs there, decode steps keep all
+// but the last on the host, and the next prompt batch finds the lent layers' mirrors stale
+// (the host appended their decode rows). The host path's logits throughout, and the counts.
+TEST(DevicePlacement, PromptBatchesLendTheHostLayersTheDevice) {
+  FRINK_REQUIRE_GPU();
+  for (const char* rel : {"llamacpp/quant/llama-dense-Q4_K_M.gguf", "llamacpp/archs/gemma2-dense.gguf"}) {
+    FRINK_REQUIRE_GPU_DATA(rel);
+    const auto m = load_model((gpu_testdata() / rel).string());
+    const int64_t n = m->hp.n_layer, V = m->hp.n_vocab;
+    struct Run {
+      std::vector<float> logits;
+      RefusalCounts refusals;
+    };
+    const auto run = [&](DeviceChoice d) {
+      DecoderOptions o = opts(d, 512);
+      o.n_gpu_layers = 1;
+      Decoder dec(*m, o);
+      Session s(*m, 0);
+      Run r;
+      std::vector<float> logits;
+      const auto prompt = [&](int salt) {
+        std::vector<int32_t> t;
+        for (int i = 0; i < 40; ++i) t.push_back(static_cast<int32_t>((salt + 5 * i * i + i) % V));
+        dec.eval(s, t, true, logits);
+        r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+      };
+      prompt(1);
+      for (int i = 0; i < 3; ++i) {
+        dec.eval(s, {greedy_token(logits.data() + logits.size() - V, V)}, false, logits);
+        r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+      }
+      prompt(2);
+      r.refusals = dec.refusals();
+      return r;
+    };
+    const Run host = run(DeviceChoice::kCpu), dev = run(DeviceChoice::kCuda);
+    ASSERT_EQ(dev.logits.size(), host.logits.size());
+    const double e = nmse(dev.logits.data(), host.logits.data(), host.logits.size());
+    std::printf("[gpu] %s -ngl 1, lent to 40-token batches: nmse %.3g, refusals: %s\n", rel, e,
+                dev.refusals.summary().c_str());
+    EXPECT_LT(e, 1e-4) << rel;
+    // Two prompt batches: every layer on the device, the head on the host; three decode steps:
+    // the last layer on the device.
+    EXPECT_EQ(dev.refusals[Refusal::kNone], static_cast<uint64_t>(2 * n + 3)) << rel;
+    EXPECT_EQ(dev.refusals[Refusal::kMemory], static_cast<uint64_t>(2 + 3 * n)) << rel;
+  }
+}
 #endif
 
 // Mixtures of experts whose prompt batches give every expert 16+ rows on average (cuda/moe.cuh
