@@ -520,7 +520,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     if (auto it = mirrors_.find(c); it != mirrors_.end()) it->second.last_use = batch_tick_;
   n_tok_ = n_tok;
   pos0_ = pos0;
-  lend_batch_ = false;
+  lend_batch_ = false;  // where ready_lending throws
   lend_batch_ = n_tok >= kLendMinTok && !lending_off_ && ready_lending(caches);
   const Hparams& hp = m_.hp;
   int64_t q_w = 0, kv_w = 0, qkv_w = 0, o_w = 0, ff = 0, max_in = hp.n_embd;
@@ -983,10 +983,10 @@ bool CudaBackend::ready_lending(std::span<KvCache* const> caches) {
     if (refusal_[static_cast<size_t>(il)] != Refusal::kMemory || p.recurrent != RecurrentKind::kNone) continue;
     const KvCache& cache = *caches[static_cast<size_t>(il)];
     const auto it = mirrors_.find(&cache);
-    need += it != mirrors_.end() && it->second.mirror ? it->second.mirror->growth_bytes(cache, n_tok_)
-                                                      : static_cast<size_t>(mirror_capacity_for(pos0_ + n_tok_, cache.planned_capacity()) *
-                                                                            (cache.k_width() + cache.v_width())) *
-                                                            sizeof(float);
+    const int64_t rows = mirror_capacity_for(pos0_ + n_tok_, cache.planned_capacity());
+    need += it != mirrors_.end() && it->second.mirror
+                ? it->second.mirror->growth_bytes(cache, n_tok_)
+                : static_cast<size_t>(rows * (cache.k_width() + cache.v_width())) * sizeof(float);
   }
   size_t free = 0, total = 0;
   FRINK_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -1418,8 +1418,8 @@ static bool same_draw(const DeviceDraw& a, const DeviceDraw& b) {
 
 // A step enqueued ahead is this call's when nothing it assumed changed: the position, the token
 // (the pick it embedded on the device), the caches, a pick the same as its own (a draw's
-// uniform included, penalties over the window it assumed), and each mirror still the image of its cache (the
-// staleness rule: a truncate or a restore between the calls fails it).
+// uniform included, penalties over the window it assumed), and each mirror still the image of
+// its cache (the staleness rule: a truncate or a restore between the calls fails it).
 bool CudaBackend::adopt_ahead(int64_t pos0, int32_t token, std::span<KvCache* const> caches, RecurrentState* recurrent,
                               const float* logits, const TokenPick* pick) {
   if (!ahead_.active) return false;
@@ -1576,15 +1576,7 @@ bool CudaBackend::launch_ahead(int64_t pos1, std::span<KvCache* const> caches, R
   ahead_.token = -1;  // known when the step in flight's pick lands
   ahead_.pick_k = pick_k;
   ahead_.draw = draw;
-  ahead_.pen.penalize = pick.request.penalize;
-  if (pick.request.penalize) {
-    ahead_.pen.pen_ids = pick.request.pen_ids;
-    ahead_.pen.pen_counts = pick.request.pen_counts;
-    ahead_.pen.pen_leaving = pick.request.pen_leaving;
-    ahead_.pen.repeat = pick.request.repeat;
-    ahead_.pen.frequency = pick.request.frequency;
-    ahead_.pen.presence = pick.request.presence;
-  }
+  ahead_.pen = pick.request;
   ahead_.caches.assign(caches.begin(), caches.end());
   ahead_.pending = std::move(pending);
   ahead_.staging_end = used;

@@ -201,7 +201,8 @@ void DeviceWeights::upload_layer(const Model& m, int64_t il, bool stack_shared) 
   d.ffn_down = linear(w.ffn_down);
   if (p.alibi) {
     std::vector<float> slopes(static_cast<size_t>(p.n_head));
-    for (int64_t h = 0; h < p.n_head; ++h) slopes[static_cast<size_t>(h)] = cpu::alibi_slope(h, p.n_head, hp.max_alibi_bias);
+    for (int64_t h = 0; h < p.n_head; ++h)
+      slopes[static_cast<size_t>(h)] = cpu::alibi_slope(h, p.n_head, hp.max_alibi_bias);
     d.alibi_slopes = upload_values(slopes);
   }
   if (p.attn_sinks) d.attn_sinks = upload_vec(w.attn_sinks, p.n_head);
@@ -271,7 +272,8 @@ std::vector<size_t> DeviceWeights::upload_bytes(const Model& m, bool stack_share
 
 std::vector<Refusal> place_layers(const Model& m, std::span<const size_t> bytes, const Placement& o) {
   const Hparams& hp = m.hp;
-  FRINK_ASSERT(static_cast<int64_t>(bytes.size()) == hp.n_layer + 1, "{} sizes for {} layers", bytes.size(), hp.n_layer);
+  FRINK_ASSERT(static_cast<int64_t>(bytes.size()) == hp.n_layer + 1, "{} sizes for {} layers", bytes.size(),
+               hp.n_layer);
   std::vector<Refusal> r;
   for (int64_t il = 0; il <= hp.n_layer; ++il) r.push_back(device_refusal(m, il));
   size_t left = o.budget_bytes;

@@ -3,9 +3,9 @@
 // enqueued one ahead (CudaBackend::run_token) and once with every step run only when asked,
 // expecting the same bits, through everything that must drop a step ahead or may adopt it:
 // a long run of decode steps (greedy, or drawn with one seeded sampler shared by both
-// sequences, its penalty window taking every token fed), the caller's own token instead of the pick, a rewind of 3 tokens, a
-// logits step (a new batch), the session assigned from a copy of itself, two sequences
-// taking turns.
+// sequences, its penalty window taking every token fed), the caller's own token instead of
+// the pick, a rewind of 3 tokens, a logits step (a new batch), the session assigned from a
+// copy of itself, two sequences taking turns.
 #pragma once
 
 #include <cstdint>
