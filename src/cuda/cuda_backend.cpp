@@ -187,6 +187,8 @@ CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(fill_stream_);
     cudaStreamDestroy(fill_stream_);
   }
+  for (StageChunk& c : stage_)
+    if (c.done) cudaEventDestroy(c.done);
   cudaStreamDestroy(copy_stream_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
@@ -1002,10 +1004,31 @@ bool CudaBackend::ready_lending(std::span<KvCache* const> caches) {
       FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&s.read, cudaEventDisableTiming));
       FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&s.filled, cudaEventDisableTiming));
     }
+    for (StageChunk& c : stage_) {
+      c.buf.ensure(kStageBytes);
+      FRINK_CUDA_CHECK(cudaEventCreateWithFlags(&c.done, cudaEventDisableTiming));
+    }
     FRINK_LOG_INFO("device: prompt batches lend the host's layers the device, through two {:.2f} GiB slots",
                    slot_bytes_ / 1073741824.0);
   }
   return true;
+}
+
+void CudaBackend::stage_copy(void* dst, const void* src, size_t n) {
+  for (size_t at = 0; at < n; at += kStageBytes) {
+    const size_t len = std::min(kStageBytes, n - at);
+    StageChunk& c = stage_[next_stage_];
+    next_stage_ = (next_stage_ + 1) % kStageChunks;
+    if (c.used) FRINK_CUDA_CHECK(cudaEventSynchronize(c.done));  // its last copy has left it
+    const char* from = static_cast<const char*>(src) + at;
+    char* to = static_cast<char*>(c.buf.p);
+    append_pool_.parallel_for(
+        static_cast<int64_t>(len),
+        [&](int64_t b, int64_t e, int) { std::memcpy(to + b, from + b, static_cast<size_t>(e - b)); }, int64_t{1} << 20);
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at, to, len, cudaMemcpyHostToDevice, fill_stream_));
+    FRINK_CUDA_CHECK(cudaEventRecord(c.done, fill_stream_));
+    c.used = true;
+  }
 }
 
 CudaBackend::LayerSlot& CudaBackend::lend_layer(int64_t il) {
@@ -1015,7 +1038,8 @@ CudaBackend::LayerSlot& CudaBackend::lend_layer(int64_t il) {
     next_slot_ ^= 1;
     if (s->read_recorded) FRINK_CUDA_CHECK(cudaStreamWaitEvent(fill_stream_, s->read, 0));
     s->layer = -1;  // a failed fill leaves it holding nothing
-    w_.fill(m_, il, s->buf.p, s->buf.bytes, fill_stream_);
+    w_.fill(m_, il, s->buf.p, s->buf.bytes, fill_stream_,
+            [this](void* dst, const void* src, size_t n) { stage_copy(dst, src, n); });
     s->layer = il;
     FRINK_CUDA_CHECK(cudaEventRecord(s->filled, fill_stream_));
   }

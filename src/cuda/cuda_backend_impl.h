@@ -250,6 +250,22 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   bool lend_batch_ = false;    // this batch lends its kMemory attention layers
   bool lending_off_ = false;   // no layer can be lent, or its slots could not be had
   cudaStream_t fill_stream_ = nullptr;
+  // The lent layers' copies pass through pinned chunks: threads copy a piece of the file into
+  // one, the device takes it from there at the link's rate. Why: through the driver's own
+  // staging of the pageable (mmapped) file they ran at about 7.5 GB/s (8B Q4_0, H200 host), and
+  // page-locking the file's spans instead stalled (gpu-notes, forty-first session, call 6).
+  static constexpr size_t kStageBytes = size_t{16} << 20;
+  static constexpr int kStageChunks = 4;
+  struct StageChunk {
+    PinnedBuf buf;
+    cudaEvent_t done = nullptr;
+    bool used = false;
+  };
+  StageChunk stage_[kStageChunks];
+  int next_stage_ = 0;
+  // Copies n bytes from the host's src (pageable) to the device's dst through stage_, on
+  // fill_stream_, the host's part on append_pool_.
+  void stage_copy(void* dst, const void* src, size_t n);
   bool lends(int64_t il) const {
     return lend_batch_ && m_.hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone;
   }

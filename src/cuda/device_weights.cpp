@@ -319,11 +319,21 @@ char* DeviceWeights::fill_place(size_t n) {
   return d;
 }
 
-void DeviceWeights::fill(const Model& m, int64_t il, void* slot, size_t slot_bytes, cudaStream_t stream) {
+void DeviceWeights::fill_copy(void* dst, const void* src, size_t n) {
+  if (fill_->copy && *fill_->copy) {
+    (*fill_->copy)(dst, src, n);
+  } else {
+    FRINK_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, fill_->stream));
+  }
+}
+
+void DeviceWeights::fill(const Model& m, int64_t il, void* slot, size_t slot_bytes, cudaStream_t stream,
+                         const FillCopy& copy) {
   Fill f;
   f.base = static_cast<char*>(slot);
   f.cap = slot_bytes;
   f.stream = stream;
+  f.copy = &copy;
   fill_ = &f;
   try {
     upload_layer(m, il, stack_shared_);
@@ -350,7 +360,7 @@ const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
   if (fill_) {
     if (auto it = fill_->seen.find(host); it != fill_->seen.end()) return it->second;
     char* d = fill_place(n_bytes);
-    if (d) FRINK_CUDA_CHECK(cudaMemcpyAsync(d, host, n_bytes, cudaMemcpyHostToDevice, fill_->stream));
+    if (d) fill_copy(d, host, n_bytes);
     fill_->seen[host] = d;
     return d;
   }
@@ -453,7 +463,7 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
     char* d = fill_place(n);
     size_t at = 0;
     for (const auto& [p, bytes] : parts) {
-      if (d && bytes) FRINK_CUDA_CHECK(cudaMemcpyAsync(d + at, p, bytes, cudaMemcpyHostToDevice, fill_->stream));
+      if (d && bytes) fill_copy(d + at, p, bytes);
       at += bytes;
     }
     return d;

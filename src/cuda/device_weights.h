@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
+#include <functional>
 #include <map>
 #include <set>
 #include <span>
@@ -103,11 +104,13 @@ class DeviceWeights {
   // What each layer's upload takes, and the head's (il == n_layer, with the token embedding a
   // token graph reads), counted by the same code with nothing allocated: no device needed.
   static std::vector<size_t> upload_bytes(const Model& m, bool stack_shared = true);
-  // A layer placed kMemory, lent the device for one batch (CudaBackend's streamed prompt
-  // layers): its weights copied into `slot` (at least fill_bytes(il)) and reordered on
-  // `stream`, layer(il) pointing there until the slot's next fill. The host returns once the
-  // copies are queued (a pageable source: once the driver has staged them).
-  void fill(const Model& m, int64_t il, void* slot, size_t slot_bytes, cudaStream_t stream);
+  // Enqueues the copy of n bytes from the host's src to the device's dst on the fill's stream.
+  using FillCopy = std::function<void(void* dst, const void* src, size_t n)>;
+  // A layer placed kMemory, lent the device for one batch (CudaBackend's lent prompt layers):
+  // its weights copied into `slot` (at least fill_bytes(il)) by `copy` (or cudaMemcpyAsync on
+  // `stream`, the driver staging a pageable source) and reordered on `stream`, layer(il)
+  // pointing there until the slot's next fill.
+  void fill(const Model& m, int64_t il, void* slot, size_t slot_bytes, cudaStream_t stream, const FillCopy& copy = {});
   // What fill(il) takes of a slot: the upload's bytes with each piece's alignment.
   size_t fill_bytes(const Model& m, int64_t il) const;
   ~DeviceWeights();
@@ -157,7 +160,9 @@ class DeviceWeights {
     size_t cap = 0, off = 0;
     cudaStream_t stream = nullptr;
     std::map<const void*, const void*> seen;  // tied pieces once
+    const FillCopy* copy = nullptr;
   };
+  void fill_copy(void* dst, const void* src, size_t n);
   Fill* fill_ = nullptr;
   static constexpr size_t kFillAlign = 256;
   bool stack_shared_ = true;
