@@ -276,7 +276,25 @@ std::vector<Refusal> place_layers(const Model& m, std::span<const size_t> bytes,
                hp.n_layer);
   std::vector<Refusal> r;
   for (int64_t il = 0; il <= hp.n_layer; ++il) r.push_back(device_refusal(m, il));
-  size_t left = o.budget_bytes;
+  const auto attention = [&](int64_t il) { return hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone; };
+  // Everything the device could run: the weights, and each attention layer's mirror at the
+  // planned context.
+  size_t all = r.back() == Refusal::kNone ? bytes.back() : 0, mirrors = 0, largest = 0;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    if (r[static_cast<size_t>(il)] != Refusal::kNone) continue;
+    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+    const size_t kv =
+        attention(il) ? static_cast<size_t>(o.n_ctx * (p.cache_k_width() + p.cache_v_width())) * sizeof(float) : 0;
+    all += bytes[static_cast<size_t>(il)] + kv;
+    mirrors += kv;
+    if (attention(il)) largest = std::max(largest, bytes[static_cast<size_t>(il)]);
+  }
+  if (all <= o.budget_bytes && (o.n_gpu_layers < 0 || o.n_gpu_layers > hp.n_layer)) return r;
+  // Not all of it: the attention layers left on the host are lent to prompt batches
+  // (CudaBackend), which takes their mirrors too and two slots of the largest layer, so those
+  // come first and the weights share the rest.
+  const size_t lending = mirrors + 2 * largest;
+  size_t left = o.budget_bytes > lending ? o.budget_bytes - lending : 0;
   const auto take = [&](size_t need) {
     if (need > left) return false;
     left -= need;
@@ -286,18 +304,14 @@ std::vector<Refusal> place_layers(const Model& m, std::span<const size_t> bytes,
   // llama.cpp's -ngl counts it.
   if (r.back() == Refusal::kNone && ((o.n_gpu_layers >= 0 && o.n_gpu_layers <= hp.n_layer) || !take(bytes.back())))
     r.back() = Refusal::kMemory;
-  // Then the last layers down, each with its K/V mirror at the planned context; the first that
-  // does not fit leaves every earlier one on the host too, so the residual crosses once a pass.
+  // Then the last layers down; the first that does not fit leaves every earlier one on the host
+  // too, so the residual crosses once a pass.
   int64_t placed = 0;
   bool full = false;
   for (int64_t il = hp.n_layer - 1; il >= 0; --il) {
     Refusal& ri = r[static_cast<size_t>(il)];
     if (ri != Refusal::kNone) continue;
-    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
-    const size_t kv = p.recurrent == RecurrentKind::kNone
-                          ? static_cast<size_t>(o.n_ctx * (p.cache_k_width() + p.cache_v_width())) * sizeof(float)
-                          : 0;
-    full = full || (o.n_gpu_layers >= 0 && placed >= o.n_gpu_layers) || !take(bytes[static_cast<size_t>(il)] + kv);
+    full = full || (o.n_gpu_layers >= 0 && placed >= o.n_gpu_layers) || !take(bytes[static_cast<size_t>(il)]);
     if (full) {
       ri = Refusal::kMemory;
     } else {

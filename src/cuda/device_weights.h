@@ -84,10 +84,11 @@ Refusal device_refusal(const Model& m, int64_t il);
 
 // Which layers' weights go to the device (a model larger than its memory runs its first layers
 // on the host, as llama.cpp's -ngl does): what device_refusal leaves, less kMemory for what
-// does not fit in budget_bytes. The head first, then the last layers down, each with its K/V
-// mirror for n_ctx positions; the first that does not fit leaves every earlier one on the
-// host (one crossing of the residual a pass). n_gpu_layers >= 0: at most that many layers,
-// the head only past n_layer. Pure: bytes are DeviceWeights::upload_bytes (n_layer + 1).
+// does not fit in budget_bytes beside every attention layer's K/V mirror for n_ctx positions
+// (the ones left on the host are lent to prompt batches, with two slots of the largest layer).
+// The head first, then the last layers down; the first that does not fit leaves every earlier
+// one on the host (one crossing of the residual a pass). n_gpu_layers >= 0: at most that many
+// layers, the head only past n_layer. Pure: bytes are DeviceWeights::upload_bytes (n_layer + 1).
 struct Placement {
   int64_t n_gpu_layers = -1;
   size_t budget_bytes = SIZE_MAX;

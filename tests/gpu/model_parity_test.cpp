@@ -419,37 +419,45 @@ TEST(DeviceNormFold, FoldedDecodeMatchesHost) {
 #ifdef FRINK_HAVE_CUDA
 // Layers that device memory cannot hold, or that --gpu-layers leaves out, run on the host
 // (counted as "memory"), the rest on the device: the host path's logits and greedy tokens.
-// -ngl 1 (the last layer alone), -ngl n_layer (the head on the host), and a budget of memory
-// (DeviceHooks::weight_budget_bytes) that holds the head and the last layer with its mirror.
+// -ngl 1 (the last layer alone) and -ngl n_layer (the head on the host) on llama-dense Q4_K_M;
+// on stories260K (5 layers) a budget of memory (DeviceHooks::weight_budget_bytes) that holds
+// what lending takes (every mirror, two slots of a layer), the head and the last layer.
 TEST(DevicePlacement, LayersLeftOnTheHostMatchHost) {
   FRINK_REQUIRE_GPU();
-  const char* rel = "llamacpp/quant/llama-dense-Q4_K_M.gguf";
-  FRINK_REQUIRE_GPU_DATA(rel);
-  const auto m = load_model((gpu_testdata() / rel).string());
-  const int64_t n = m->hp.n_layer;
-  ASSERT_GE(n, 2);
-  const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 19, 8);
-  const std::vector<size_t> bytes = cuda::DeviceWeights::upload_bytes(*m);
-  const LayerPlan& last = m->hp.layers.back();
-  DecoderOptions fits = opts(DeviceChoice::kCuda, 512);
-  fits.n_ctx = 64;
-  fits.hooks.weight_budget_bytes = static_cast<int64_t>(
-      bytes.back() + bytes[static_cast<size_t>(n - 1)] +
-      static_cast<size_t>(fits.n_ctx * (last.cache_k_width() + last.cache_v_width())) * sizeof(float));
   struct Case {
     std::string what;
     DecoderOptions o;
     uint64_t on_device;  // evaluations on the device: (layers + head there) x 9 batches
   };
-  DecoderOptions ngl1 = opts(DeviceChoice::kCuda, 512), ngl_n = ngl1;
-  ngl1.n_gpu_layers = 1;
-  ngl_n.n_gpu_layers = n;
-  for (const Case& c : {Case{"-ngl 1", ngl1, 9}, Case{"-ngl n_layer", ngl_n, static_cast<uint64_t>(9 * n)},
-                        Case{"memory for the head and a layer", fits, 18}}) {
-    const ModelRun dev = run_model(*m, c.o, 19, 8);
-    expect_same(dev, host, std::string(rel) + " " + c.what);
-    EXPECT_EQ(dev.refusals[Refusal::kNone], c.on_device) << c.what;
-    EXPECT_EQ(dev.refusals[Refusal::kMemory], static_cast<uint64_t>(9 * (n + 1)) - c.on_device) << c.what;
+  for (const char* rel : {"llamacpp/quant/llama-dense-Q4_K_M.gguf", "models/stories260K.gguf"}) {
+    FRINK_REQUIRE_GPU_DATA(rel);
+    const auto m = load_model((gpu_testdata() / rel).string());
+    const int64_t n = m->hp.n_layer;
+    ASSERT_GE(n, 2);
+    const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 19, 8);
+    std::vector<Case> cases;
+    DecoderOptions ngl1 = opts(DeviceChoice::kCuda, 512), ngl_n = ngl1;
+    ngl1.n_gpu_layers = 1;
+    ngl_n.n_gpu_layers = n;
+    if (n == 2) {
+      cases = {Case{"-ngl 1", ngl1, 9}, Case{"-ngl n_layer", ngl_n, static_cast<uint64_t>(9 * n)}};
+    } else {
+      const std::vector<size_t> bytes = cuda::DeviceWeights::upload_bytes(*m);
+      DecoderOptions fits = opts(DeviceChoice::kCuda, 512);
+      fits.n_ctx = 64;
+      size_t budget = bytes.back() + bytes[static_cast<size_t>(n - 1)] +
+                      2 * *std::max_element(bytes.begin(), bytes.end() - 1);
+      for (const LayerPlan& p : m->hp.layers)
+        budget += static_cast<size_t>(fits.n_ctx * (p.cache_k_width() + p.cache_v_width())) * sizeof(float);
+      fits.hooks.weight_budget_bytes = static_cast<int64_t>(budget);
+      cases = {Case{"memory for the lending, the head and a layer", fits, 18}};
+    }
+    for (const Case& c : cases) {
+      const ModelRun dev = run_model(*m, c.o, 19, 8);
+      expect_same(dev, host, std::string(rel) + " " + c.what);
+      EXPECT_EQ(dev.refusals[Refusal::kNone], c.on_device) << c.what;
+      EXPECT_EQ(dev.refusals[Refusal::kMemory], static_cast<uint64_t>(9 * (n + 1)) - c.on_device) << c.what;
+    }
   }
 }
 
