@@ -134,13 +134,10 @@ DeviceWeights::DeviceWeights(const Model& m, std::span<const Refusal> placed, bo
     if (r == Refusal::kNone) {
       upload_layer(m, il, stack_shared);
     } else if (r == Refusal::kMemory) {  // its shape (types, widths, stacking) without its bytes: fill's
-      const size_t before = bytes_;
-      auto resident = uploaded_;  // counting marks its pieces uploaded (as null)
-      counting_ = true;
+      Fill shape;
+      fill_ = &shape;
       upload_layer(m, il, stack_shared);
-      counting_ = false;
-      bytes_ = before;
-      uploaded_ = std::move(resident);
+      fill_ = nullptr;
     }
   }
   stack_shared_ = stack_shared;
@@ -211,7 +208,7 @@ void DeviceWeights::upload_layer(const Model& m, int64_t il, bool stack_shared) 
     d.exp_probs_b = upload_vec(w.exp_probs_b, n_exp);
     d.shexp_stacked = stack_shared && stacks_shared_expert(p, w);
     if (d.shexp_stacked) {
-      if (!counting_ && !fill_) ++shared_stacked_;
+      if (!fill_) ++shared_stacked_;
       for (const SharedStack& st : shared_stacks(w)) d.*st.to = experts_and(*st.x, n_exp, st.part[0], st.part[1]);
       if (p.moe.shexp_gate) {  // the gate's row after the experts' (F32 rows, no bias)
         d.router.type = static_cast<int>(GgmlType::F32);
@@ -252,21 +249,23 @@ void DeviceWeights::upload_head(const Model& m, bool all_layers) {
     token_embd = linear(Linear{.w = m.w.tok_embd});
 }
 
-std::vector<size_t> DeviceWeights::upload_bytes(const Model& m, bool stack_shared) {
-  DeviceWeights c;  // counting: the upload code runs, nothing is allocated or copied
-  std::vector<size_t> bytes;
-  for (int64_t il = 0; il <= m.hp.n_layer; ++il) {
-    const size_t before = c.bytes_;
-    if (device_refusal(m, il) == Refusal::kNone) {
-      if (il < m.hp.n_layer) {
-        c.layers_.resize(static_cast<size_t>(il) + 1);
-        c.upload_layer(m, il, stack_shared);
-      } else {
-        c.upload_head(m, true);
-      }
-    }
-    bytes.push_back(c.bytes_ - before);
+size_t DeviceWeights::counted(const Model& m, int64_t il, bool stack_shared) {
+  DeviceWeights c;
+  c.layers_.resize(static_cast<size_t>(m.hp.n_layer));
+  Fill f;  // no slot: places pieces, copies nothing
+  c.fill_ = &f;
+  if (il < m.hp.n_layer) {
+    c.upload_layer(m, il, stack_shared);
+  } else {
+    c.upload_head(m, true);
   }
+  return f.off;
+}
+
+std::vector<size_t> DeviceWeights::upload_bytes(const Model& m, bool stack_shared) {
+  std::vector<size_t> bytes;
+  for (int64_t il = 0; il <= m.hp.n_layer; ++il)
+    bytes.push_back(device_refusal(m, il) == Refusal::kNone ? counted(m, il, stack_shared) : 0);
   return bytes;
 }
 
@@ -276,7 +275,9 @@ std::vector<Refusal> place_layers(const Model& m, std::span<const size_t> bytes,
                hp.n_layer);
   std::vector<Refusal> r;
   for (int64_t il = 0; il <= hp.n_layer; ++il) r.push_back(device_refusal(m, il));
-  const auto attention = [&](int64_t il) { return hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone; };
+  const auto attention = [&](int64_t il) {
+    return hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone;
+  };
   // Everything the device could run: the weights, and each attention layer's mirror at the
   // planned context.
   size_t all = r.back() == Refusal::kNone ? bytes.back() : 0, mirrors = 0, largest = 0;
@@ -328,7 +329,7 @@ DeviceWeights::~DeviceWeights() {
 char* DeviceWeights::fill_place(size_t n) {
   fill_->off = (fill_->off + kFillAlign - 1) / kFillAlign * kFillAlign;
   FRINK_ASSERT(fill_->off + n <= fill_->cap, "a layer's fill past its slot ({} + {} > {})", fill_->off, n, fill_->cap);
-  char* d = fill_->base ? fill_->base + fill_->off : nullptr;  // null: fill_bytes, counting
+  char* d = fill_->base ? fill_->base + fill_->off : nullptr;  // no slot: counted, or a shape
   fill_->off += n;
   return d;
 }
@@ -358,17 +359,7 @@ void DeviceWeights::fill(const Model& m, int64_t il, void* slot, size_t slot_byt
   fill_ = nullptr;
 }
 
-size_t DeviceWeights::fill_bytes(const Model& m, int64_t il) const {
-  // The counting upload with a slot's alignment: each piece rounded up to it.
-  DeviceWeights c;
-  c.layers_.resize(static_cast<size_t>(m.hp.n_layer));
-  Fill f;
-  f.cap = SIZE_MAX;
-  c.fill_ = &f;
-  c.counting_ = false;
-  c.upload_layer(m, il, stack_shared_);
-  return f.off;
-}
+size_t DeviceWeights::fill_bytes(const Model& m, int64_t il) const { return counted(m, il, stack_shared_); }
 
 const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
   if (fill_) {
@@ -379,11 +370,6 @@ const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
     return d;
   }
   if (auto it = uploaded_.find(host); it != uploaded_.end()) return it->second;
-  if (counting_) {
-    bytes_ += n_bytes;
-    uploaded_[host] = nullptr;
-    return nullptr;
-  }
   void* d = nullptr;
   FRINK_CUDA_CHECK(cudaMalloc(&d, n_bytes));
   allocations_.push_back(d);
@@ -401,10 +387,6 @@ const float* DeviceWeights::upload_values(const std::vector<float>& v) {
       FRINK_CUDA_CHECK(cudaStreamSynchronize(fill_->stream));
     }
     return reinterpret_cast<const float*>(d);
-  }
-  if (counting_) {
-    bytes_ += v.size() * sizeof(float);
-    return nullptr;
   }
   void* d = nullptr;
   FRINK_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(float)));
@@ -482,10 +464,6 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
     }
     return d;
   }
-  if (counting_) {
-    bytes_ += n;
-    return nullptr;
-  }
   void* d = nullptr;
   FRINK_CUDA_CHECK(cudaMalloc(&d, n));
   allocations_.push_back(d);
@@ -507,7 +485,7 @@ int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_
     if (t != type && d) repack_x8(type, const_cast<void*>(d), n_bytes, fill_->stream);
     return t;
   }
-  if (t != type && !counting_ && repacked_.insert(d).second) repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
+  if (t != type && repacked_.insert(d).second) repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
   return t;
 }
 

@@ -103,7 +103,8 @@ class DeviceWeights {
   // fit (DeviceLayer::shexp_stacked).
   DeviceWeights(const Model& m, std::span<const Refusal> placed, bool stack_shared = true);
   // What each layer's upload takes, and the head's (il == n_layer, with the token embedding a
-  // token graph reads), counted by the same code with nothing allocated: no device needed.
+  // token graph reads), counted by the same code with nothing allocated (counted): no device
+  // needed. Refused layers 0.
   static std::vector<size_t> upload_bytes(const Model& m, bool stack_shared = true);
   // Enqueues the copy of n bytes from the host's src to the device's dst on the fill's stream.
   using FillCopy = std::function<void(void* dst, const void* src, size_t n)>;
@@ -112,7 +113,7 @@ class DeviceWeights {
   // `stream`, the driver staging a pageable source) and reordered on `stream`, layer(il)
   // pointing there until the slot's next fill.
   void fill(const Model& m, int64_t il, void* slot, size_t slot_bytes, cudaStream_t stream, const FillCopy& copy = {});
-  // What fill(il) takes of a slot: the upload's bytes with each piece's alignment.
+  // What fill(il) takes of a slot (counted).
   size_t fill_bytes(const Model& m, int64_t il) const;
   ~DeviceWeights();
   DeviceWeights(const DeviceWeights&) = delete;
@@ -131,7 +132,10 @@ class DeviceWeights {
   int64_t shared_stacked() const { return shared_stacked_; }  // layers with shexp_stacked
 
  private:
-  DeviceWeights() : counting_(true) {}
+  DeviceWeights() = default;  // counted's: a fill without a slot
+  // What uploading layer il (il == n_layer: the head, with the token embedding) places in a
+  // slot, each piece at fill's alignment: the upload code run with nothing allocated or copied.
+  static size_t counted(const Model& m, int64_t il, bool stack_shared);
   void upload_layer(const Model& m, int64_t il, bool stack_shared);
   // all_layers: every layer is on the device too, so a token graph takes its token's row there.
   void upload_head(const Model& m, bool all_layers);
@@ -154,11 +158,11 @@ class DeviceWeights {
   std::set<const void*> repacked_;               // device copies reordered (device_layout)
   size_t bytes_ = 0;
   int64_t shared_stacked_ = 0;
-  bool counting_ = false;  // upload_bytes: count, allocate nothing
-  // fill: pieces placed in a slot at aligned offsets, copied on its stream.
+  // fill: pieces placed in a slot at aligned offsets, copied on its stream; without a slot
+  // (base null) only placed, to count a layer's bytes or to take its shape.
   struct Fill {
     char* base = nullptr;
-    size_t cap = 0, off = 0;
+    size_t cap = SIZE_MAX, off = 0;
     cudaStream_t stream = nullptr;
     std::map<const void*, const void*> seen;  // tied pieces once
     const FillCopy* copy = nullptr;
