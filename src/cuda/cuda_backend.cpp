@@ -970,9 +970,7 @@ bool CudaBackend::ready_lending(std::span<KvCache* const> caches) {
   if (static_cast<int64_t>(caches.size()) != hp.n_layer) return false;
   if (slot_bytes_ == 0) {
     for (int64_t il = 0; il < hp.n_layer; ++il)
-      if (refusal_[static_cast<size_t>(il)] == Refusal::kMemory &&
-          hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone)
-        slot_bytes_ = std::max(slot_bytes_, w_.fill_bytes(m_, il));
+      if (lendable(il)) slot_bytes_ = std::max(slot_bytes_, w_.fill_bytes(m_, il));
     if (slot_bytes_ == 0) {
       lending_off_ = true;
       return false;
@@ -981,8 +979,7 @@ bool CudaBackend::ready_lending(std::span<KvCache* const> caches) {
   // What lending takes beside what is resident: the slots (once) and the lent layers' mirrors.
   size_t need = slots_[0].buf.bytes ? 0 : 2 * slot_bytes_;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
-    const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
-    if (refusal_[static_cast<size_t>(il)] != Refusal::kMemory || p.recurrent != RecurrentKind::kNone) continue;
+    if (!lendable(il)) continue;
     const KvCache& cache = *caches[static_cast<size_t>(il)];
     const auto it = mirrors_.find(&cache);
     const int64_t rows = mirror_capacity_for(pos0_ + n_tok_, cache.planned_capacity());
@@ -1022,9 +1019,8 @@ void CudaBackend::stage_copy(void* dst, const void* src, size_t n) {
     if (c.used) FRINK_CUDA_CHECK(cudaEventSynchronize(c.done));  // its last copy has left it
     const char* from = static_cast<const char*>(src) + at;
     char* to = static_cast<char*>(c.buf.p);
-    append_pool_.parallel_for(
-        static_cast<int64_t>(len),
-        [&](int64_t b, int64_t e, int) { std::memcpy(to + b, from + b, static_cast<size_t>(e - b)); }, int64_t{1} << 20);
+    const auto copy = [&](int64_t b, int64_t e, int) { std::memcpy(to + b, from + b, static_cast<size_t>(e - b)); };
+    append_pool_.parallel_for(static_cast<int64_t>(len), copy, int64_t{1} << 20);
     FRINK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at, to, len, cudaMemcpyHostToDevice, fill_stream_));
     FRINK_CUDA_CHECK(cudaEventRecord(c.done, fill_stream_));
     c.used = true;

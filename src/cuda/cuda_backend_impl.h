@@ -66,7 +66,7 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
 
   std::string describe() const override;
   double peak_gbps() const override { return info_.peak_gbps; }
-  // A layer placed kMemory runs here in a prompt batch that lends it the device (lends_).
+  // A layer placed kMemory runs here in a prompt batch that lends it the device (lends).
   Refusal check_layer(int64_t il) const override {
     const Refusal r = refusal_[static_cast<size_t>(il)];
     return r == Refusal::kMemory && lends(il) ? Refusal::kNone : r;
@@ -266,9 +266,12 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // Copies n bytes from the host's src (pageable) to the device's dst through stage_, on
   // fill_stream_, the host's part on append_pool_.
   void stage_copy(void* dst, const void* src, size_t n);
-  bool lends(int64_t il) const {
-    return lend_batch_ && m_.hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone;
+  // An attention layer placed kMemory: what a prompt batch may lend the device.
+  bool lendable(int64_t il) const {
+    return refusal_[static_cast<size_t>(il)] == Refusal::kMemory &&
+           m_.hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kNone;
   }
+  bool lends(int64_t il) const { return lend_batch_ && lendable(il); }
   // Whether this batch (begin_batch's) can lend its layers: slots and mirrors fit beside what
   // is resident; allocates the slots the first time.
   bool ready_lending(std::span<KvCache* const> caches);
