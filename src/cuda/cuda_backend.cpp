@@ -65,6 +65,7 @@
 #include "cuda/embed.cuh"
 #include "cuda/kv_mirror.h"
 #include "cuda/matmul.cuh"
+#include "cuda/mla_attention.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/pick.cuh"
 #include "cuda/norm.cuh"
@@ -529,6 +530,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: stack experts (router rows), n_tok * slots, slots * n_ff_exp
   bool grouped_experts = false;               // some MoE layer takes moe_grouped_experts
   int64_t gdn_c = 0, gdn_v = 0, gdn_h = 0;    // delta net: conv channels, d_inner, value heads
+  int64_t mla_h = 0, mla_qa = 0, mla_w = 0, mla_r = 0, mla_in = 0;  // latent attention (enqueue_mla)
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
     if (p.recurrent == RecurrentKind::kGatedDeltaNet) {
@@ -545,8 +547,19 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
       grouped_experts = grouped_experts || takes_grouped_experts(n_tok, st);
       ff = std::max(ff, p.moe.n_ff_shexp);
     }
+    if (p.attn == AttnKind::kMla) {
+      const int64_t R = p.mla.kv_lora_rank;
+      mla_h = p.n_head;  // one count in every such layer (device_refusal)
+      mla_qa = std::max(mla_qa, p.mla.q_lora_rank);
+      mla_w = std::max(mla_w, p.cache_k_width());
+      mla_r = std::max(mla_r, R);
+      // the per-head products' input rows, prepared in act_: wk_b's q_nope, wv_b's latent sums
+      mla_in = std::max(mla_in, n_tok * p.n_head * std::max(R, p.head_dim_k - p.rope.n_rot));
+      max_in = std::max(max_in, p.mla.q_lora_rank);
+    }
     q_w = std::max(q_w, p.n_head * p.head_dim_k);
-    kv_w = std::max({kv_w, p.n_head_kv * p.head_dim_k, p.n_head_kv * p.head_dim_v});
+    // The cache's row widths: a latent layer's one row, [c | k_pe], is wider than its heads.
+    kv_w = std::max({kv_w, p.cache_k_width(), p.cache_v_width()});
     qkv_w = std::max({qkv_w, p.n_head * p.head_dim_k + p.n_head_kv * (p.head_dim_k + p.head_dim_v),
                       2 * p.n_head * p.head_dim_k});  // attn_out_gate: [q | gate] per head
     o_w = std::max(o_w, p.n_head * p.head_dim_v);
@@ -571,7 +584,20 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   hidden_.ensure(fl(ff));
   partial_.ensure(attn_partial_floats(n_tok, pos0 + n_tok) * sizeof(float));
   // act_ holds one prepared activation: n_tok rows, or a MoE down product's slot rows.
-  act_.ensure(std::max(fl(max_in), static_cast<size_t>(slot_ff) * sizeof(float)));
+  act_.ensure(std::max({fl(max_in), static_cast<size_t>(std::max(slot_ff, mla_in)) * sizeof(float)}));
+  if (mla_h > 0) {
+    mla_qa_.ensure(fl(mla_qa));
+    mla_q_.ensure(fl(mla_h * mla_w));
+    mla_ctx_.ensure(fl(mla_h * mla_r));
+    if (n_tok * mla_h > mla_slots_) {  // slot s takes head s % n_head; written once per growth
+      std::vector<int32_t> heads(static_cast<size_t>(n_tok * mla_h));
+      for (size_t s = 0; s < heads.size(); ++s) heads[s] = static_cast<int32_t>(static_cast<int64_t>(s) % mla_h);
+      FRINK_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing in flight reads the old table
+      mla_heads_.ensure(heads.size() * sizeof(int32_t));
+      FRINK_CUDA_CHECK(cudaMemcpy(mla_heads_.p, heads.data(), heads.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      mla_slots_ = n_tok * mla_h;
+    }
+  }
   if (slots > 0) {
     moe_logits_.ensure(fl(n_exp));
     moe_ids_.ensure(static_cast<size_t>(slots) * sizeof(int32_t));
@@ -630,7 +656,9 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
 size_t CudaBackend::attn_partial_floats(int64_t n_tok, int64_t max_keys) const {
   size_t part = 0;
   for (const LayerPlan& p : m_.hp.layers)
-    if (p.recurrent == RecurrentKind::kNone)
+    if (p.attn == AttnKind::kMla)
+      part = std::max(part, mla_scratch_floats(n_tok, max_keys, p.n_head, p.mla.kv_lora_rank));
+    else if (p.recurrent == RecurrentKind::kNone)
       part = std::max(part, attn_scratch_floats(n_tok, max_keys, p.n_head, p.n_head_kv, p.head_dim_k, p.head_dim_v));
   return part;
 }
@@ -1043,9 +1071,30 @@ CudaBackend::LayerSlot& CudaBackend::lend_layer(int64_t il) {
   return *s;
 }
 
+RopeLaunch CudaBackend::rope_launch(const LayerPlan& p) const {
+  RopeLaunch r;
+  r.n_tok = n_tok_;
+  r.head_dim = p.head_dim_k;
+  r.pos = pos_dev_;
+  r.n_rot = p.rope.n_rot;
+  r.neox = p.rope.kind == RopeKind::kNeox;
+  r.freq_base = p.rope.freq_base;
+  r.freq_scale = p.rope.freq_scale;
+  r.ext_factor = p.rope.ext_factor;
+  r.attn_factor = p.rope.attn_factor;
+  r.beta_fast = p.rope.beta_fast;
+  r.beta_slow = p.rope.beta_slow;
+  r.n_ctx_orig = p.rope.n_ctx_orig;
+  r.yarn_truncate = p.rope.yarn_truncate;
+  r.freq_factors = p.rope.use_freq_factors ? w_.rope_freqs : nullptr;
+  r.stream = stream_;
+  return r;
+}
+
 void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys) {
   const Hparams& hp = m_.hp;
   const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  if (p.attn == AttnKind::kMla) return enqueue_mla(il, mirror, pd, max_keys);
   const DeviceLayer& d = w_.layer(il);
   const int64_t E = hp.n_embd, n = n_tok_;
   const int64_t q_w = p.n_head * p.head_dim_k, k_w = p.n_head_kv * p.head_dim_k, v_w = p.n_head_kv * p.head_dim_v;
@@ -1068,22 +1117,7 @@ void CudaBackend::enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd,
   const NormParams q_norm_full = norm_params(d.q_norm, q_.f(), q_.f(), n, q_w, q_w, false);
   const NormParams k_norm_full = norm_params(d.k_norm, k_.f(), k_.f(), n, k_w, k_w, false);
   const bool roped = p.rope.kind != RopeKind::kNone;
-  RopeLaunch r;
-  r.n_tok = n;
-  r.head_dim = p.head_dim_k;
-  r.pos = pos_dev_;
-  r.n_rot = p.rope.n_rot;
-  r.neox = p.rope.kind == RopeKind::kNeox;
-  r.freq_base = p.rope.freq_base;
-  r.freq_scale = p.rope.freq_scale;
-  r.ext_factor = p.rope.ext_factor;
-  r.attn_factor = p.rope.attn_factor;
-  r.beta_fast = p.rope.beta_fast;
-  r.beta_slow = p.rope.beta_slow;
-  r.n_ctx_orig = p.rope.n_ctx_orig;
-  r.yarn_truncate = p.rope.yarn_truncate;
-  r.freq_factors = p.rope.use_freq_factors ? w_.rope_freqs : nullptr;
-  r.stream = stream_;
+  RopeLaunch r = rope_launch(p);
   r.x = q_.f();
   r.row_stride = q_w;
   r.n_head = p.n_head;
@@ -1211,7 +1245,8 @@ bool CudaBackend::attn_takes_fold(int64_t il) const {
   const DeviceLayer& d = w_.layer(il);
   const bool neox = p.rope.kind == RopeKind::kNeox;  // (enqueue_layer's RopeLaunch::neox)
   const auto takes = [&](const DeviceLinear& l) { return l && matmul_takes_folded_norm(l.type, l.n_in, neox); };
-  return p.recurrent == RecurrentKind::kNone && hp.norm != NormKind::kLayer && d.attn_norm.w && !d.attn_norm.b &&
+  return p.recurrent == RecurrentKind::kNone && p.attn == AttnKind::kGqa && hp.norm != NormKind::kLayer &&
+         d.attn_norm.w && !d.attn_norm.b &&
          !d.wqkv && !p.attn_out_gate && takes(d.wq) && takes(d.wk) && takes(d.wv);
 }
 
@@ -1297,7 +1332,8 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, in
   std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1), penalties, static_cast<uintptr_t>(parity)};
   for (const DevBuf* b : {&act_, &fold_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
-                          &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_})
+                          &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_,
+                          &mla_qa_, &mla_q_, &mla_ctx_, &mla_heads_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
   key.push_back(reinterpret_cast<uintptr_t>(staging_.p));
   key.push_back(reinterpret_cast<uintptr_t>(dstage_.p));

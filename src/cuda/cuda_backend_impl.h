@@ -25,6 +25,7 @@
 #include "cuda/matmul.cuh"
 #include "cuda/pick.cuh"
 #include "cuda/recurrent_mirror.h"
+#include "cuda/rope.cuh"
 #include "engine/device_backend.h"
 #include "kv/recurrent_state.h"
 #include "model/model.h"
@@ -131,6 +132,10 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   Pending staged_rows(KvCache& cache, KvMirror& mirror, size_t& used) const;
   // The device work of layer il / of the head; max_keys bounds the attention grid.
   void enqueue_layer(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
+  // Layer p's rotation as the batch applies it (positions from pos_dev_); the caller names the rows.
+  RopeLaunch rope_launch(const LayerPlan& p) const;
+  // A latent-attention layer (plan.attn == kMla): its attention, then enqueue_residual_ffn.
+  void enqueue_mla(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys);
   // Gated delta net layer il on the batch, its recurrence cut at the batch-relative segment
   // ends `ends` (ascending, the last n_tok_); when snap is set, the state after each end
   // the state wants a snapshot of is copied out (stage_snapshot). The state is read from the
@@ -307,6 +312,11 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   int64_t fold_for_layer_ = -1;
   DevBuf act_, x_, h_, q_, k_, v_, qkv_, attn_, o_, f_, gate_, up_, hidden_, partial_, logits_, scratch_;
   DevBuf attn_gate_;  // gated attention (attn_out_gate): the gate half of wq's output
+  // Latent attention (enqueue_mla): wq_a's normed output, each head's absorbed query
+  // [wk_b q_nope | q_pe] and its weighted sum of the latent rows; the per-head products' slot
+  // table (slot t * n_head + h takes head h's matrices) for mla_slots_ slots.
+  DevBuf mla_qa_, mla_q_, mla_ctx_, mla_heads_;
+  int64_t mla_slots_ = 0;
   // MoE: router logits, routing (expert ids, weights), per-slot gate|up, hidden, outputs, the
   // shared expert's output and gate logit.
   DevBuf moe_logits_, moe_ids_, moe_w_, moe_gu_, moe_hidden_, moe_y_, moe_sh_y_, moe_sh_g_;

@@ -14,6 +14,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/delta_net.cuh"
 #include "cuda/matmul.cuh"
+#include "cuda/mla_attention.cuh"
 #include "cuda/moe.cuh"
 
 namespace frink::cuda {
@@ -100,6 +101,23 @@ Refusal recurrent_refusal(const LayerPlan& p, const LayerWeights& w) {
   return Refusal::kNone;
 }
 
+// A latent-attention layer: the kernel's widths (cuda/mla_attention.cuh), one head count in
+// every such layer (the per-head products' slot table, CudaBackend::begin_batch, is built for
+// one), the rope's pairs inside the query's rope part.
+Refusal mla_refusal(const Model& m, const LayerPlan& p, const LayerWeights& w) {
+  const int64_t R = p.mla.kv_lora_rank, n_rot = p.rope.n_rot;
+  if (!mla_attention_supported(p.cache_k_width(), R) || p.head_dim_k <= n_rot || p.parallel_residual)
+    return Refusal::kShape;
+  for (const LayerPlan& o : m.hp.layers)
+    if (o.attn == AttnKind::kMla && o.n_head != p.n_head) return Refusal::kShape;
+  if (p.rope.kind == RopeKind::kNone || n_rot % 2 != 0) return Refusal::kRope;
+  if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
+  for (const Linear* l : {&w.wq, &w.wq_a, &w.wq_b, &w.wkv_a_mqa, &w.wo, &w.ffn_gate, &w.ffn_up, &w.ffn_down})
+    if (!linear_ok(*l)) return Refusal::kQuantType;
+  if (!experts_ok(w.wk_b) || !experts_ok(w.wv_b)) return Refusal::kQuantType;
+  return Refusal::kNone;
+}
+
 }  // namespace
 
 Refusal device_refusal(const Model& m, int64_t il) {
@@ -107,7 +125,7 @@ Refusal device_refusal(const Model& m, int64_t il) {
   const LayerPlan& p = m.hp.layers[static_cast<size_t>(il)];
   const LayerWeights& w = m.w.layers[static_cast<size_t>(il)];
   if (p.recurrent != RecurrentKind::kNone) return recurrent_refusal(p, w);
-  if (p.attn == AttnKind::kMla) return Refusal::kShape;  // latent attention: host only (src/cpu/mla_attention.h)
+  if (p.attn == AttnKind::kMla) return mla_refusal(m, p, w);
   if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
   if (p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0 || p.head_dim_k > kAttnMaxHeadDim ||
       p.head_dim_v > kAttnMaxHeadDim)
@@ -187,6 +205,15 @@ void DeviceWeights::upload_layer(const Model& m, int64_t il, bool stack_shared) 
     d.ssm_dt_b = upload_vec(w.ssm_dt_b, s.n_v_head);
     d.ssm_a = upload_vec(w.ssm_a, s.n_v_head);
     d.ssm_norm = upload_vec(w.ssm_norm, s.head_v_dim());
+  }
+  if (p.attn == AttnKind::kMla) {
+    d.wq_a = linear(w.wq_a);
+    d.q_a_norm = nrm(w.q_a_norm, p.mla.q_lora_rank);
+    d.wq_b = linear(w.wq_b);
+    d.wkv_a_mqa = linear(w.wkv_a_mqa);
+    d.kv_a_norm = nrm(w.kv_a_norm, p.mla.kv_lora_rank);
+    d.wk_b = experts(w.wk_b, p.n_head);
+    d.wv_b = experts(w.wv_b, p.n_head);
   }
   d.wq = linear(w.wq);
   d.wk = linear(w.wk);

@@ -53,6 +53,11 @@ struct DeviceNorm {
 struct DeviceLayer {
   DeviceNorm attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm;
   DeviceLinear wq, wk, wv, wqkv, wo, ffn_gate, ffn_up, ffn_down;
+  // Multi-head latent attention (plan.attn == kMla; CudaBackend::enqueue_mla): wq (no q LoRA)
+  // or wq_a -> q_a_norm -> wq_b, wkv_a_mqa -> kv_a_norm, and the per-head stacks wk_b / wv_b.
+  DeviceLinear wq_a, wq_b, wkv_a_mqa;
+  DeviceNorm q_a_norm, kv_a_norm;
+  DeviceExperts wk_b, wv_b;
   const float* alibi_slopes = nullptr;  // [n_head] (plan.alibi), or null
   const float* attn_sinks = nullptr;    // [n_head] (plan.attn_sinks), or null
   // Mixture of experts (plan.ffn == kMoe)

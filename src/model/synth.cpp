@@ -55,6 +55,12 @@ const std::vector<SynthPreset> kPresets = {
      .n_layer = 48, .n_embd = 3840, .n_head = 16, .n_head_kv = 8, .head_dim = 256, .n_ff = 15360,
      .n_vocab = 262208, .n_ctx = 131072, .n_rot = 256, .rope_base = 1e6, .norm_eps = 1e-6, .tied = true,
      .rope_scaling = "linear", .rope_scaling_factor = 8, .sliding_window = 1024},
+    {.name = "deepseek-v2-lite", .arch = "deepseek2", .model = "DeepSeek-V2-Lite", .family = SynthFamily::kDeepseek2,
+     .n_layer = 27, .n_embd = 2048, .n_head = 16, .n_head_kv = 1, .head_dim = 128, .n_ff = 10944,
+     .n_vocab = 102400, .n_ctx = 163840, .n_rot = 64, .rope_base = 10000, .norm_eps = 1e-6, .tied = false,
+     .rope_orig_ctx = 4096, .rope_scaling = "yarn", .rope_scaling_factor = 40,
+     .n_expert = 64, .n_expert_used = 6, .n_ff_exp = 1408,
+     .kv_lora_rank = 512, .n_leading_dense = 1, .n_shared_exp = 2, .yarn_log_mul = 0.0707},
     {.name = "mistral-small-24b", .arch = "mistral3", .model = "Mistral-Small-3.1-24B", .family = SynthFamily::kLlama,
      .n_layer = 40, .n_embd = 5120, .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 32768,
      .n_vocab = 131072, .n_ctx = 131072, .n_rot = 128, .rope_base = 1e9, .norm_eps = 1e-5, .tied = false},
@@ -247,8 +253,41 @@ void delta_net_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il) {
   b.out_proj(blk_name(il, "ssm_out.weight"), {value_dim, p.n_embd}, il);
 }
 
+// DeepSeek-2: latent attention in the split layout llama.cpp runs with absorption (attn_k_b /
+// attn_v_b per head), leading dense layers, then routed experts with always-on shared ones.
+void deepseek2_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il) {
+  const int64_t E = p.n_embd, H = p.n_head, nope = p.head_dim, dk = nope + p.n_rot, R = p.kv_lora_rank;
+  const int64_t Q = p.q_lora_rank;
+  b.norm(blk_name(il, "attn_norm.weight"), E);
+  if (Q > 0) {
+    b.in_proj(blk_name(il, "attn_q_a.weight"), {E, Q}, il);
+    b.norm(blk_name(il, "attn_q_a_norm.weight"), Q);
+    b.in_proj(blk_name(il, "attn_q_b.weight"), {Q, H * dk}, il);
+  } else {
+    b.in_proj(blk_name(il, "attn_q.weight"), {E, H * dk}, il);
+  }
+  b.in_proj(blk_name(il, "attn_kv_a_mqa.weight"), {E, R + p.n_rot}, il);
+  b.norm(blk_name(il, "attn_kv_a_norm.weight"), R);
+  b.in_proj(blk_name(il, "attn_k_b.weight"), {nope, R, H}, il);
+  b.in_proj(blk_name(il, "attn_v_b.weight"), {R, p.head_dim, H}, il);
+  b.out_proj(blk_name(il, "attn_output.weight"), {H * p.head_dim, E}, il);
+  b.norm(blk_name(il, "ffn_norm.weight"), E);
+  if (il < p.n_leading_dense) {
+    dense_ffn(b, p, il);
+    return;
+  }
+  expert_ffn(b, p, il, false);
+  const int64_t S = p.n_ff_exp * p.n_shared_exp;
+  b.in_proj(blk_name(il, "ffn_gate_shexp.weight"), {E, S}, il);
+  b.in_proj(blk_name(il, "ffn_up_shexp.weight"), {E, S}, il);
+  b.out_proj(blk_name(il, "ffn_down_shexp.weight"), {S, E}, il);
+}
+
 void layer_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il) {
   switch (p.family) {
+    case SynthFamily::kDeepseek2:
+      deepseek2_tensors(b, p, il);
+      return;
     case SynthFamily::kLlama:
     case SynthFamily::kQwen3:
     case SynthFamily::kQwen3Moe:
@@ -312,8 +351,11 @@ void hparam_meta(const SynthPreset& p, const TypeSpec& ts, int64_t L, SynthPlan&
   set(key("feed_forward_length"), u32(p.n_ff));
   set(key("attention.head_count"), u32(p.n_head));
   set(key("attention.head_count_kv"), u32(p.n_head_kv));
-  set(key("attention.key_length"), u32(p.head_dim));
-  set(key("attention.value_length"), u32(p.head_dim));
+  // DeepSeek-2's cache row with absorption: key_length [c | k_pe], value_length c; the heads'
+  // own widths go under the _mla keys (convert_hf_to_gguf.py's DeepseekV2Model).
+  const bool mla = p.family == SynthFamily::kDeepseek2;
+  set(key("attention.key_length"), u32(mla ? p.kv_lora_rank + p.n_rot : p.head_dim));
+  set(key("attention.value_length"), u32(mla ? p.kv_lora_rank : p.head_dim));
   set(key("attention.layer_norm_rms_epsilon"), f32v(p.norm_eps));
   set(key("rope.freq_base"), f32v(p.rope_base));
   set(key("rope.dimension_count"), u32(p.n_rot));
@@ -337,6 +379,16 @@ void hparam_meta(const SynthPreset& p, const TypeSpec& ts, int64_t L, SynthPlan&
     set(key("ssm.group_count"), u32(p.ssm_groups));
     set(key("ssm.time_step_rank"), u32(p.ssm_v_heads));
     set(key("ssm.inner_size"), u32(p.ssm_state * p.ssm_v_heads));
+  }
+  if (mla) {
+    set(key("attention.key_length_mla"), u32(p.head_dim + p.n_rot));
+    set(key("attention.value_length_mla"), u32(p.head_dim));
+    set(key("attention.kv_lora_rank"), u32(p.kv_lora_rank));
+    if (p.q_lora_rank > 0) set(key("attention.q_lora_rank"), u32(p.q_lora_rank));
+    set(key("leading_dense_block_count"), u32(p.n_leading_dense));
+    set(key("expert_shared_count"), u32(p.n_shared_exp));
+    set(key("expert_weights_scale"), f32v(1.0));
+    set(key("rope.scaling.yarn_log_multiplier"), f32v(p.yarn_log_mul));
   }
   if (p.family == SynthFamily::kQwen35) {  // Qwen3.5's mrope_section [11, 11, 10], padded to 4
     MetaValue::Array s;

@@ -27,7 +27,7 @@
 namespace frink {
 
 // Which tensor layout a preset writes (one per llama.cpp loader it imitates).
-enum class SynthFamily { kLlama, kQwen3, kGemma3, kQwen3Moe, kQwen3Next, kQwen35, kGptOss };
+enum class SynthFamily { kLlama, kQwen3, kGemma3, kQwen3Moe, kQwen3Next, kQwen35, kGptOss, kDeepseek2 };
 
 struct SynthPreset {
   std::string_view name;   // "llama3.1-8b"
@@ -47,6 +47,11 @@ struct SynthPreset {
   int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
   // Gated delta net (qwen3next, qwen35): a full-attention layer every `full_attn_interval`.
   int64_t full_attn_interval = 0, ssm_conv = 0, ssm_state = 0, ssm_groups = 0, ssm_v_heads = 0;
+  // DeepSeek-2 (multi-head latent attention; head_dim is then both qk_nope and the value head):
+  // the compressed kv's width, the q LoRA's (0: one plain attn_q), leading dense layers, and
+  // the shared experts (each n_ff_exp wide).
+  int64_t kv_lora_rank = 0, q_lora_rank = 0, n_leading_dense = 0, n_shared_exp = 0;
+  double yarn_log_mul = 0;  // rope.scaling.yarn_log_multiplier (0.1 * mscale_all_dim)
 };
 
 const std::vector<SynthPreset>& synth_presets();

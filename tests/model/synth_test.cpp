@@ -44,7 +44,7 @@ TEST(Synth, EveryPresetPlansAndCountsParameters) {
       {"llama3.2-1b", {1.2, 1.3}},       {"llama3.1-8b", {8.0, 8.1}},   {"qwen3-0.6b", {0.55, 0.65}},
       {"qwen3-8b", {8.1, 8.3}},          {"qwen3-30b-a3b", {30.4, 30.6}}, {"qwen3-next-80b-a3b", {79, 81.5}},
       {"qwen3.5-9b", {8.9, 9.7}},        {"gpt-oss-20b", {20.8, 21.0}}, {"gemma3-12b", {11.7, 12.0}},
-      {"mistral-small-24b", {23.5, 23.7}}};
+      {"mistral-small-24b", {23.5, 23.7}}, {"deepseek-v2-lite", {15.6, 15.8}}};
   ASSERT_EQ(synth_presets().size(), approx_b.size());
   for (const auto& p : synth_presets()) {
     const SynthPlan pl = plan(std::string(p.name), "Q4_0");
@@ -116,6 +116,33 @@ TEST(Synth, QwenMoeAndHybridLayoutsMatchLlamaCpp) {
     expect_tensor(m, "blk.3.attn_q.weight", {4096, 8192});
     EXPECT_EQ(m.count("blk.0.ssm_ba.weight"), 0u);
   }
+}
+
+// DeepSeek-V2-Lite: latent attention in llama.cpp's split layout (no q LoRA), one leading
+// dense layer, then 64 experts with two shared ones, and the heads' widths under the _mla keys.
+TEST(Synth, DeepseekLiteLayoutMatchesLlamaCpp) {
+  const SynthPlan pl = plan("deepseek-v2-lite", "Q8_0", 2);
+  const auto m = by_name(pl);
+  expect_tensor(m, "blk.0.attn_q.weight", {2048, 3072});  // 16 heads x (128 + 64)
+  expect_tensor(m, "blk.0.attn_kv_a_mqa.weight", {2048, 576});
+  expect_tensor(m, "blk.0.attn_kv_a_norm.weight", {512});
+  expect_tensor(m, "blk.0.attn_k_b.weight", {128, 512, 16});
+  expect_tensor(m, "blk.0.attn_v_b.weight", {512, 128, 16});
+  expect_tensor(m, "blk.0.attn_output.weight", {2048, 2048});
+  expect_tensor(m, "blk.0.ffn_gate.weight", {2048, 10944});
+  expect_tensor(m, "blk.1.ffn_gate_exps.weight", {2048, 1408, 64});
+  expect_tensor(m, "blk.1.ffn_down_shexp.weight", {2816, 2048});
+  EXPECT_EQ(m.count("blk.0.ffn_gate_exps.weight"), 0u);
+  EXPECT_EQ(m.count("blk.1.ffn_gate.weight"), 0u);
+  // The cache row's widths and the heads' (arch_deepseek2's read_mla checks one against the
+  // other; tests/engine/synth_run_test.cpp loads and runs the file).
+  std::map<std::string, int64_t> meta;
+  for (const auto& [k, v] : pl.meta)
+    if (k.rfind("deepseek2.attention.", 0) == 0 && k.find("length") != std::string::npos) meta[k] = v.as_int();
+  EXPECT_EQ(meta["deepseek2.attention.key_length"], 576);
+  EXPECT_EQ(meta["deepseek2.attention.value_length"], 512);
+  EXPECT_EQ(meta["deepseek2.attention.key_length_mla"], 192);
+  EXPECT_EQ(meta["deepseek2.attention.value_length_mla"], 128);
 }
 
 TEST(Synth, GptOssExpertsAreMxfp4) {

@@ -1,0 +1,89 @@
+// CudaBackend's latent-attention layers (DeepSeek-2/3, plan.attn == kMla): the host's
+// cpu::mla_attention step by step on the device (see cuda_backend_impl.h; the batch, mirror and
+// graph machinery is in cuda_backend.cpp). The layer's cache holds one row [c | k_pe] a token,
+// so its mirror is a K mirror R + n_rot wide with no V, filled and copied back as any other.
+// The per-head matrices wk_b and wv_b are stacks of n_head experts: each product is one expert
+// launch with a slot per (token, head) taking head h's matrix (mla_heads_), so the query's
+// absorption and the values' decompression cost one launch each whatever the head count.
+#include "core/error.h"
+#include "cuda/attention.cuh"
+#include "cuda/cuda_backend_impl.h"
+#include "cuda/mla_attention.cuh"
+#include "cuda/norm.cuh"
+#include "cuda/rope.cuh"
+
+namespace frink::cuda::detail {
+
+void CudaBackend::enqueue_mla(int64_t il, KvMirror& mirror, const Pending& pd, int64_t max_keys) {
+  const Hparams& hp = m_.hp;
+  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  const DeviceLayer& d = w_.layer(il);
+  const int64_t E = hp.n_embd, n = n_tok_, H = p.n_head, dk = p.head_dim_k, n_rot = p.rope.n_rot;
+  const int64_t nope = dk - n_rot, R = p.mla.kv_lora_rank, W = R + n_rot, Q = p.mla.q_lora_rank;
+  const bool ln = hp.norm == NormKind::kLayer;
+  FRINK_ASSERT(fold_for_layer_ != il, "layer {}: a folded norm before latent attention", il);
+  FRINK_ASSERT(max_keys >= pos0_ + n, "attention grid for {} keys, {} needed", max_keys, pos0_ + n);
+
+  // h = attn_norm(x); q = wq_b(q_a_norm(wq_a h)) (or wq h) [n][H][nope | rope], and
+  // kv = wkv_a_mqa h [n][c | k_pe] (k_ holds it): one preparation of h for both products.
+  const NormParams attn_norm = norm_params(d.attn_norm, x_.f(), h_.f(), n, E, E, ln);
+  MatmulParams in[2] = {d.wq_a ? matmul_params(d.wq_a, h_.f(), E, mla_qa_.f(), Q)
+                               : matmul_params(d.wq, h_.f(), E, q_.f(), H * dk),
+                        matmul_params(d.wkv_a_mqa, h_.f(), E, k_.f(), W)};
+  in[0].pre_norm = &attn_norm;
+  launch_matmuls(in, 2);
+  if (d.wq_a) {
+    norm_rows(d.q_a_norm, mla_qa_.f(), mla_qa_.f(), n, Q, Q, ln);
+    matmul(d.wq_b, mla_qa_.f(), Q, q_.f(), H * dk);
+  }
+  // q_pe and k_pe rotated in place (llama.cpp's deepseek2 graph passes no frequency factors):
+  // each head's pairs start nope floats in, k_pe's R floats into its row.
+  RopeLaunch r = rope_launch(p);
+  r.freq_factors = nullptr;
+  r.x = q_.f() + nope;
+  r.row_stride = H * dk;
+  r.n_head = H;
+  r.x2 = k_.f() + R;
+  r.row_stride2 = W;
+  r.n_head2 = 1;
+  launch_rope(r);
+  // c = kv_a_norm(kv[:R]); the row [c | k_pe] into the mirror at pos0 and back to the host
+  norm_rows(d.kv_a_norm, k_.f(), k_.f(), n, R, W, ln);
+  launch_kv_append(k_.f(), nullptr, W, 0, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), dstage_.f() + pd.k_off,
+                   dstage_.f() + pd.v_off, stream_);
+
+  // The absorbed query [wk_b_h q_nope_h | q_pe_h] [n][H][W]: slot t * H + h reads q's head row
+  // (its first nope floats) and writes the first R of its row; q_pe follows it.
+  const auto per_head = [&](const DeviceExperts& x, const float* in_rows, int64_t in_stride, float* out,
+                            int64_t out_stride) {
+    MatmulParams mp = expert_params(x, in_rows, n * H, 1, out, out_stride);
+    mp.x_stride = in_stride;
+    mp.slot_expert = static_cast<const int32_t*>(mla_heads_.p);
+    launch_matmul(mp);
+  };
+  per_head(d.wk_b, q_.f(), dk, mla_q_.f(), W);
+  FRINK_CUDA_CHECK(cudaMemcpy2DAsync(mla_q_.f() + R, W * sizeof(float), q_.f() + nope, dk * sizeof(float),
+                                     n_rot * sizeof(float), static_cast<size_t>(n * H), cudaMemcpyDeviceToDevice,
+                                     stream_));
+
+  // softmax(q . rows * scale) over rows [0, pos0 + t], weighing each row's c: [n][H][R]
+  MlaAttnParams a;
+  a.q = mla_q_.f();
+  a.rows = mirror.k_rows(0);
+  a.out = mla_ctx_.f();
+  a.n_tok = n;
+  a.n_head = H;
+  a.width = W;
+  a.rank = R;
+  a.pos = pos_dev_;
+  a.max_keys = max_keys;
+  a.scale = p.attn_scale;
+  a.partial = partial_.f();
+  a.stream = stream_;
+  launch_mla_attention(a);
+  // o_h = wv_b_h ctx_h [n][H][head_dim_v], then x = x + wo o and the FFN
+  per_head(d.wv_b, mla_ctx_.f(), R, attn_.f(), p.head_dim_v);
+  enqueue_residual_ffn(il, p, d, d.wo, attn_.f(), H * p.head_dim_v);
+}
+
+}  // namespace frink::cuda::detail

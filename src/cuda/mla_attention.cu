@@ -1,0 +1,143 @@
+#include "cuda/mla_attention.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/attention.cuh"
+#include "cuda/cuda_check.h"
+
+namespace frink::cuda {
+
+namespace {
+
+constexpr int kHeads = 8;     // warps a block, one query head each
+constexpr int kTileRows = 8;  // cache rows a block stages in shared memory at a time
+constexpr int kQPer = static_cast<int>(kMlaMaxWidth / 32), kVPer = static_cast<int>(kMlaMaxRank / 32);
+constexpr int64_t kMinChunk = 64, kMaxSplits = 256;
+constexpr int kMergeThreads = 256;
+
+// Keys a decode split takes: 64, or more where the context would give over kMaxSplits splits
+// (the partials grow with the splits, by n_head * (2 + rank) floats each).
+int64_t mla_chunk(int64_t max_keys) {
+  const int64_t per = (max_keys + kMaxSplits - 1) / kMaxSplits;
+  return std::max(kMinChunk, (per + kMinChunk - 1) / kMinChunk * kMinChunk);
+}
+
+bool splits(int64_t n_tok) { return n_tok < kAttnPrefillMinTok; }
+
+// grid (splits or 1, heads / kHeads, n_tok). Each warp keeps its head's online softmax (max m,
+// sum l, acc[rank] split over the lanes as d = lane + 32 i) over the block's keys, which the
+// block stages kTileRows rows at a time (contiguous in the mirror: one flat copy). kSplit:
+// (m, l, acc) to the partials for the merge; else acc / l to out.
+template <bool kSplit>
+__global__ void __launch_bounds__(kHeads * 32) mla_attn_kernel(MlaAttnParams p, int64_t chunk) {
+  __shared__ float tile[kTileRows * kMlaMaxWidth];
+  const int64_t t = blockIdx.z, h = blockIdx.y * int64_t{kHeads} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, W = static_cast<int>(p.width), R = static_cast<int>(p.rank);
+  const int64_t n_keys = *p.pos + t + 1;  // causal: rows [0, pos0 + t]
+  const int64_t begin = kSplit ? blockIdx.x * chunk : 0, end = kSplit ? min(n_keys, begin + chunk) : n_keys;
+  if (begin >= end) return;  // a split past this query's keys (the grid is sized by max_keys)
+  const bool live = h < p.n_head;  // warp-uniform: a last block's spare warps only stage rows
+
+  float q[kQPer];
+  const float* qh = p.q + (t * p.n_head + (live ? h : 0)) * W;
+#pragma unroll
+  for (int i = 0; i < kQPer; ++i) q[i] = lane + 32 * i < W ? qh[lane + 32 * i] : 0.0f;
+  float m = -INFINITY, l = 0.0f, acc[kVPer];
+#pragma unroll
+  for (int i = 0; i < kVPer; ++i) acc[i] = 0.0f;
+
+  for (int64_t j0 = begin; j0 < end; j0 += kTileRows) {
+    const int nr = static_cast<int>(min(int64_t{kTileRows}, end - j0));
+    __syncthreads();  // the last tile's readers are done
+    const float* src = p.rows + j0 * W;
+    for (int e = threadIdx.x; e < nr * W; e += blockDim.x) tile[e] = src[e];
+    __syncthreads();
+    if (!live) continue;
+    for (int r = 0; r < nr; ++r) {
+      const float* row = tile + r * W;
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kQPer; ++i)
+        if (lane + 32 * i < W) s += q[i] * row[lane + 32 * i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      s *= p.scale;
+      const float m_new = fmaxf(m, s), corr = expf(m - m_new), e = expf(s - m_new);
+      l = l * corr + e;
+#pragma unroll
+      for (int i = 0; i < kVPer; ++i)
+        if (lane + 32 * i < R) acc[i] = acc[i] * corr + e * row[lane + 32 * i];
+      m = m_new;
+    }
+  }
+  if (!live) return;
+  if constexpr (kSplit) {
+    float* o = p.partial + ((t * p.n_head + h) * gridDim.x + blockIdx.x) * (2 + R);
+    if (lane == 0) {
+      o[0] = m;
+      o[1] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < kVPer; ++i)
+      if (lane + 32 * i < R) o[2 + lane + 32 * i] = acc[i];
+  } else {
+    float* o = p.out + (t * p.n_head + h) * R;
+#pragma unroll
+    for (int i = 0; i < kVPer; ++i)
+      if (lane + 32 * i < R) o[lane + 32 * i] = acc[i] / l;
+  }
+}
+
+// grid (n_head, n_tok): the splits holding keys of (token, head) weighed against their max.
+// Every split below s1 was written (it holds at least one key, so its max is finite).
+__global__ void __launch_bounds__(kMergeThreads) mla_merge_kernel(MlaAttnParams p, int64_t n_split, int64_t chunk) {
+  const int64_t h = blockIdx.x, t = blockIdx.y, stride = 2 + p.rank;
+  const int64_t s1 = min(n_split, (*p.pos + t + chunk) / chunk);  // ceil((pos0 + t + 1) / chunk)
+  const float* part = p.partial + (t * p.n_head + h) * n_split * stride;
+  float mm = -INFINITY;
+  for (int64_t s = 0; s < s1; ++s) mm = fmaxf(mm, part[s * stride]);
+  float ll = 0.0f;
+  for (int64_t s = 0; s < s1; ++s) ll += part[s * stride + 1] * expf(part[s * stride] - mm);
+  float* out = p.out + (t * p.n_head + h) * p.rank;
+  for (int64_t d = threadIdx.x; d < p.rank; d += blockDim.x) {
+    float a = 0.0f;
+    for (int64_t s = 0; s < s1; ++s) a += part[s * stride + 2 + d] * expf(part[s * stride] - mm);
+    out[d] = a / ll;
+  }
+}
+
+}  // namespace
+
+bool mla_attention_supported(int64_t width, int64_t rank) {
+  return width > 0 && rank > 0 && rank <= width && width <= kMlaMaxWidth && rank <= kMlaMaxRank;
+}
+
+size_t mla_scratch_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t rank) {
+  if (!splits(n_tok)) return 0;
+  const int64_t chunk = mla_chunk(max_keys);
+  return static_cast<size_t>(n_tok * n_head * ((max_keys + chunk - 1) / chunk) * (2 + rank));
+}
+
+void launch_mla_attention(const MlaAttnParams& p) {
+  FRINK_CUDA_CHECK(mla_attention_supported(p.width, p.rank) && p.pos && p.max_keys >= p.n_tok &&
+                           (!splits(p.n_tok) || p.partial)
+                       ? cudaSuccess
+                       : cudaErrorInvalidValue);
+  if (p.n_tok == 0) return;
+  const unsigned head_blocks = static_cast<unsigned>((p.n_head + kHeads - 1) / kHeads);
+  if (!splits(p.n_tok)) {
+    mla_attn_kernel<false><<<dim3(1, head_blocks, static_cast<unsigned>(p.n_tok)), kHeads * 32, 0, p.stream>>>(p, 0);
+    FRINK_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int64_t chunk = mla_chunk(p.max_keys), n_split = (p.max_keys + chunk - 1) / chunk;
+  mla_attn_kernel<true><<<dim3(static_cast<unsigned>(n_split), head_blocks, static_cast<unsigned>(p.n_tok)),
+                          kHeads * 32, 0, p.stream>>>(p, chunk);
+  FRINK_CUDA_CHECK_LAUNCH();
+  mla_merge_kernel<<<dim3(static_cast<unsigned>(p.n_head), static_cast<unsigned>(p.n_tok)), kMergeThreads, 0,
+                     p.stream>>>(p, n_split, chunk);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace frink::cuda
