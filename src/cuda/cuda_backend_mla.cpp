@@ -6,10 +6,8 @@
 // launch with a slot per (token, head) taking head h's matrix (mla_heads_), so the query's
 // absorption and the values' decompression cost one launch each whatever the head count.
 #include "core/error.h"
-#include "cuda/attention.cuh"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/mla_attention.cuh"
-#include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
 
 namespace frink::cuda::detail {
@@ -19,7 +17,7 @@ void CudaBackend::enqueue_mla(int64_t il, KvMirror& mirror, const Pending& pd, i
   const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
   const DeviceLayer& d = w_.layer(il);
   const int64_t E = hp.n_embd, n = n_tok_, H = p.n_head, dk = p.head_dim_k, n_rot = p.rope.n_rot;
-  const int64_t nope = dk - n_rot, R = p.mla.kv_lora_rank, W = R + n_rot, Q = p.mla.q_lora_rank;
+  const int64_t R = p.mla.kv_lora_rank, W = R + n_rot, Q = p.mla.q_lora_rank;
   const bool ln = hp.norm == NormKind::kLayer;
   FRINK_ASSERT(fold_for_layer_ != il, "layer {}: a folded norm before latent attention", il);
   FRINK_ASSERT(max_keys >= pos0_ + n, "attention grid for {} keys, {} needed", max_keys, pos0_ + n);
@@ -36,37 +34,51 @@ void CudaBackend::enqueue_mla(int64_t il, KvMirror& mirror, const Pending& pd, i
     norm_rows(d.q_a_norm, mla_qa_.f(), mla_qa_.f(), n, Q, Q, ln);
     matmul(d.wq_b, mla_qa_.f(), Q, q_.f(), H * dk);
   }
-  // q_pe and k_pe rotated in place (llama.cpp's deepseek2 graph passes no frequency factors):
-  // each head's pairs start nope floats in, k_pe's R floats into its row.
-  RopeLaunch r = rope_launch(p);
-  r.freq_factors = nullptr;
-  r.x = q_.f() + nope;
-  r.row_stride = H * dk;
-  r.n_head = H;
-  r.x2 = k_.f() + R;
-  r.row_stride2 = W;
-  r.n_head2 = 1;
-  launch_rope(r);
-  // c = kv_a_norm(kv[:R]); the row [c | k_pe] into the mirror at pos0 and back to the host
-  norm_rows(d.kv_a_norm, k_.f(), k_.f(), n, R, W, ln);
-  launch_kv_append(k_.f(), nullptr, W, 0, n, pos_dev_, mirror.k_rows(0), mirror.v_rows(0), dstage_.f() + pd.k_off,
-                   dstage_.f() + pd.v_off, stream_);
-
-  // The absorbed query [wk_b_h q_nope_h | q_pe_h] [n][H][W]: slot t * H + h reads q's head row
-  // (its first nope floats) and writes the first R of its row; q_pe follows it.
+  // The absorbed query [wk_b_h q_nope_h | q_pe_h] [n][H][W]: slot t * H + h of the wk_b
+  // product reads q's head row (its first nope floats) and writes the first R of its row.
   const auto per_head = [&](const DeviceExperts& x, const float* in_rows, int64_t in_stride, float* out,
                             int64_t out_stride) {
     MatmulParams mp = expert_params(x, in_rows, n * H, 1, out, out_stride);
     mp.x_stride = in_stride;
     mp.slot_expert = static_cast<const int32_t*>(mla_heads_.p);
-    launch_matmul(mp);
+    return mp;
   };
-  per_head(d.wk_b, q_.f(), dk, mla_q_.f(), W);
-  FRINK_CUDA_CHECK(cudaMemcpy2DAsync(mla_q_.f() + R, W * sizeof(float), q_.f() + nope, dk * sizeof(float),
-                                     n_rot * sizeof(float), static_cast<size_t>(n * H), cudaMemcpyDeviceToDevice,
-                                     stream_));
+  MatmulParams kb = per_head(d.wk_b, q_.f(), dk, mla_q_.f(), W);
+  MatmulParams vb = per_head(d.wv_b, mla_ctx_.f(), R, attn_.f(), p.head_dim_v);
 
-  // softmax(q . rows * scale) over rows [0, pos0 + t], weighing each row's c: [n][H][R]
+  // One launch before the attention (launch_mla_prep): q_pe rotated into the query's tail (llama.cpp's
+  // deepseek2 graph passes no frequency factors), q_nope as wk_b's Q8_0 input where it reads
+  // one, c = kv_a_norm(kv[:R]) and k_pe rotated, the row [c | k_pe] into the mirror at pos0 and
+  // on its way back to the host.
+  RopeLaunch r = rope_launch(p);
+  r.freq_factors = nullptr;
+  MlaPrepParams prep;
+  prep.q = q_.f();
+  prep.kv = k_.f();
+  prep.kv_norm_w = d.kv_a_norm.w;
+  prep.eps = hp.norm_eps;
+  prep.q_abs = mla_q_.f();
+  kb.x_prepared = matmul_reads_q8_0(kb);  // (nope % 32 == 0 then)
+  if (kb.x_prepared) {
+    prep.q8 = q8_0_act(kb).q;
+    prep.d8 = q8_0_act(kb).d;
+  }
+  prep.mirror = mirror.k_rows(0);
+  prep.stage = dstage_.f() + pd.k_off;
+  prep.pos = pos_dev_;
+  prep.n_tok = n;
+  prep.n_head = H;
+  prep.head_dim = dk;
+  prep.n_rot = n_rot;
+  prep.rank = R;
+  prep.freq = rope_freq(r);
+  prep.neox = r.neox;
+  prep.stream = stream_;
+  launch_mla_prep(prep);
+  launch_matmul(kb);
+
+  // softmax(q . rows * scale) over rows [0, pos0 + t], weighing each row's c: [n][H][R] (and
+  // as wv_b's Q8_0 input where it reads one)
   MlaAttnParams a;
   a.q = mla_q_.f();
   a.rows = mirror.k_rows(0);
@@ -80,9 +92,14 @@ void CudaBackend::enqueue_mla(int64_t il, KvMirror& mirror, const Pending& pd, i
   a.scale = p.attn_scale;
   a.partial = partial_.f();
   a.stream = stream_;
+  vb.x_prepared = matmul_reads_q8_0(vb);  // (R % 32 == 0 then)
+  if (vb.x_prepared) {
+    a.out_q8 = q8_0_act(vb).q;
+    a.out_d8 = q8_0_act(vb).d;
+  }
   launch_mla_attention(a);
   // o_h = wv_b_h ctx_h [n][H][head_dim_v], then x = x + wo o and the FFN
-  per_head(d.wv_b, mla_ctx_.f(), R, attn_.f(), p.head_dim_v);
+  launch_matmul(vb);
   enqueue_residual_ffn(il, p, d, d.wo, attn_.f(), H * p.head_dim_v);
 }
 

@@ -106,7 +106,9 @@ Refusal recurrent_refusal(const LayerPlan& p, const LayerWeights& w) {
 // one), the rope's pairs inside the query's rope part.
 Refusal mla_refusal(const Model& m, const LayerPlan& p, const LayerWeights& w) {
   const int64_t R = p.mla.kv_lora_rank, n_rot = p.rope.n_rot;
-  if (!mla_attention_supported(p.cache_k_width(), R) || p.head_dim_k <= n_rot || p.parallel_residual)
+  // (launch_mla_prep norms c as RMS, the one norm DeepSeek files have)
+  if (!mla_attention_supported(p.cache_k_width(), R) || p.head_dim_k <= n_rot || p.parallel_residual ||
+      m.hp.norm != NormKind::kRms)
     return Refusal::kShape;
   for (const LayerPlan& o : m.hp.layers)
     if (o.attn == AttnKind::kMla && o.n_head != p.n_head) return Refusal::kShape;

@@ -5,6 +5,9 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/norm_row.cuh"
+#include "cuda/q8_0_rule.cuh"
+#include "cuda/rope_math.cuh"
 
 namespace frink::cuda {
 
@@ -24,6 +27,14 @@ int64_t mla_chunk(int64_t max_keys) {
 }
 
 bool splits(int64_t n_tok) { return n_tok < kAttnPrefillMinTok; }
+
+// Output element d0 + lane of row `row`, held by lane of a full warp, into its Q8_0 block
+// (MlaAttnParams::out_q8; rank % 32 == 0, d0 % 32 == 0).
+__device__ __forceinline__ void q8_store(const MlaAttnParams& p, int64_t row, int64_t d0, float v) {
+  const Q8Elem e = q8_0_warp_block(v);
+  p.out_q8[row * p.rank + d0 + threadIdx.x % 32] = e.q;
+  if (threadIdx.x % 32 == 0) p.out_d8[row * (p.rank / 32) + d0 / 32] = e.d;
+}
 
 // grid (splits or 1, heads / kHeads, n_tok). Each warp keeps its head's online softmax (max m,
 // sum l, acc[rank] split over the lanes as d = lane + 32 i) over the block's keys, which the
@@ -82,10 +93,14 @@ __global__ void __launch_bounds__(kHeads * 32) mla_attn_kernel(MlaAttnParams p, 
     for (int i = 0; i < kVPer; ++i)
       if (lane + 32 * i < R) o[2 + lane + 32 * i] = acc[i];
   } else {
-    float* o = p.out + (t * p.n_head + h) * R;
+    const int64_t row = t * p.n_head + h;
 #pragma unroll
-    for (int i = 0; i < kVPer; ++i)
-      if (lane + 32 * i < R) o[lane + 32 * i] = acc[i] / l;
+    for (int i = 0; i < kVPer; ++i) {
+      if (32 * i >= R) break;  // warp-uniform
+      const float v = lane + 32 * i < R ? acc[i] / l : 0.0f;
+      if (lane + 32 * i < R) p.out[row * R + lane + 32 * i] = v;
+      if (p.out_q8) q8_store(p, row, 32 * i, v);
+    }
   }
 }
 
@@ -100,10 +115,60 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_kernel(MlaAttnParams 
   float ll = 0.0f;
   for (int64_t s = 0; s < s1; ++s) ll += part[s * stride + 1] * expf(part[s * stride] - mm);
   float* out = p.out + (t * p.n_head + h) * p.rank;
-  for (int64_t d = threadIdx.x; d < p.rank; d += blockDim.x) {
+  // Whole warps walk the row (rank % 32 == 0 with out_q8), so each holds whole Q8_0 blocks.
+  for (int64_t d0 = threadIdx.x / 32 * 32; d0 < p.rank; d0 += blockDim.x) {
+    const int64_t d = d0 + threadIdx.x % 32;
     float a = 0.0f;
-    for (int64_t s = 0; s < s1; ++s) a += part[s * stride + 2 + d] * expf(part[s * stride] - mm);
-    out[d] = a / ll;
+    if (d < p.rank)
+      for (int64_t s = 0; s < s1; ++s) a += part[s * stride + 2 + d] * expf(part[s * stride] - mm);
+    if (d < p.rank) out[d] = a / ll;
+    if (p.out_q8) q8_store(p, t * p.n_head + h, d0, a / ll);
+  }
+}
+
+// grid (n_head + 1, n_tok): block h < n_head takes head h's query, block n_head the cache row.
+constexpr int kPrepThreads = 256;
+__global__ void __launch_bounds__(kPrepThreads) mla_prep_kernel(MlaPrepParams p) {
+  const int64_t t = blockIdx.y, h = blockIdx.x, pos = *p.pos + t, half = p.n_rot / 2;
+  const int64_t W = p.rank + p.n_rot, nope = p.head_dim - p.n_rot;
+  const int lane = threadIdx.x % 32;
+  const auto pair = [&](int64_t i) { return p.neox ? make_int2(i, i + half) : make_int2(2 * i, 2 * i + 1); };
+  if (h < p.n_head) {
+    const int64_t row = t * p.n_head + h;
+    const float* qh = p.q + row * p.head_dim;
+    float* tail = p.q_abs + row * W + p.rank;
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      const int2 ab = pair(i);
+      const float2 y = rope_rotate(qh[nope + ab.x], qh[nope + ab.y], rope_cos_sin(p.freq, pos, i));
+      tail[ab.x] = y.x;
+      tail[ab.y] = y.y;
+    }
+    if (p.q8)  // a warp a 32-block: quantize_q8_kernel's values
+      for (int64_t b = threadIdx.x / 32; b < nope / 32; b += blockDim.x / 32) {
+        const Q8Elem e = q8_0_warp_block(qh[b * 32 + lane]);
+        p.q8[row * nope + b * 32 + lane] = e.q;
+        if (lane == 0) p.d8[row * (nope / 32) + b] = e.d;
+      }
+    return;
+  }
+  // c = kv_a_norm(kv[:rank]) (RMS), k_pe rotated; the row [c | k_pe] appended
+  __shared__ float shared[32];
+  const float* kv = p.kv + t * W;
+  float* m = p.mirror + pos * W;
+  float* st = p.stage + t * W;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < p.rank; i += blockDim.x) ss += kv[i] * kv[i];
+  const float scale = rsqrtf(block_sum(ss, shared) / static_cast<float>(p.rank) + p.eps);
+  for (int64_t i = threadIdx.x; i < p.rank; i += blockDim.x) {
+    const float v = kv[i] * scale * (p.kv_norm_w ? p.kv_norm_w[i] : 1.0f);
+    m[i] = v;
+    st[i] = v;
+  }
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const int2 ab = pair(i);
+    const float2 y = rope_rotate(kv[p.rank + ab.x], kv[p.rank + ab.y], rope_cos_sin(p.freq, pos, i));
+    m[p.rank + ab.x] = st[p.rank + ab.x] = y.x;
+    m[p.rank + ab.y] = st[p.rank + ab.y] = y.y;
   }
 }
 
@@ -119,9 +184,19 @@ size_t mla_scratch_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64
   return static_cast<size_t>(n_tok * n_head * ((max_keys + chunk - 1) / chunk) * (2 + rank));
 }
 
+void launch_mla_prep(const MlaPrepParams& p) {
+  const int64_t nope = p.head_dim - p.n_rot;
+  FRINK_CUDA_CHECK(p.pos && p.n_rot % 2 == 0 && nope > 0 && (!p.q8 || (p.d8 && nope % 32 == 0)) ? cudaSuccess
+                                                                                               : cudaErrorInvalidValue);
+  if (p.n_tok == 0) return;
+  mla_prep_kernel<<<dim3(static_cast<unsigned>(p.n_head + 1), static_cast<unsigned>(p.n_tok)), kPrepThreads, 0,
+                    p.stream>>>(p);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
+
 void launch_mla_attention(const MlaAttnParams& p) {
   FRINK_CUDA_CHECK(mla_attention_supported(p.width, p.rank) && p.pos && p.max_keys >= p.n_tok &&
-                           (!splits(p.n_tok) || p.partial)
+                           (!splits(p.n_tok) || p.partial) && (!p.out_q8 || (p.out_d8 && p.rank % 32 == 0))
                        ? cudaSuccess
                        : cudaErrorInvalidValue);
   if (p.n_tok == 0) return;

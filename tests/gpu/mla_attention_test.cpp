@@ -3,7 +3,8 @@
 // models' widths (576 / 512) and narrower ones; decode-sized batches on the split path (keys
 // cut into 64-key splits and merged; grids sized past the length, as a token graph launches
 // them, and contexts long enough for wider splits) and prompt batches on the direct path;
-// head counts that leave a block's last warps idle.
+// head counts that leave a block's last warps idle; the output's Q8_0 copy (the wv_b product's
+// input) against the host's quantization of the f32 output.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,9 @@
 #include <cuda_runtime.h>
 
 #include "cuda/mla_attention.cuh"
+#include "quant/blocks.h"
+#include "quant/fp16.h"
+#include "quant/quant.h"
 #include "quant/random_blocks.h"
 
 namespace frink::test {
@@ -60,6 +64,8 @@ TEST(CudaMla, AttentionMatchesDoubleSoftmax) {
         }
       }
     Dev<float> dq(q), drows(rows), out(ref.size());
+    Dev<int8_t> q8(ref.size());
+    Dev<float> d8(ref.size() / 32);
     Dev<float> part(std::max<size_t>(1, cuda::mla_scratch_floats(c.n_tok, c.max_keys, H, R)));
     Dev<int32_t> pos(std::vector<int32_t>{static_cast<int32_t>(c.pos0)});
     cuda::MlaAttnParams p;
@@ -74,8 +80,20 @@ TEST(CudaMla, AttentionMatchesDoubleSoftmax) {
     p.max_keys = c.max_keys;
     p.scale = scale;
     p.partial = part.p;
+    p.out_q8 = q8.p;
+    p.out_d8 = d8.p;
     cuda::launch_mla_attention(p);
     const auto got = out.get();
+    // The Q8_0 copy is the host's quantization of the f32 output, bit for bit.
+    const auto gq = q8.get();
+    const auto gd = d8.get();
+    size_t bad = 0;
+    for (size_t b = 0; b < got.size() / 32; ++b) {
+      quant::BlockQ8_0 hb;
+      quantize_row(GgmlType::Q8_0, got.data() + b * 32, &hb, 32);
+      bad += f16_to_f32(hb.d) != gd[b] || !std::equal(hb.qs, hb.qs + 32, gq.begin() + static_cast<ptrdiff_t>(b * 32));
+    }
+    EXPECT_EQ(bad, 0u) << "Q8_0 blocks unlike the host's of the output";
     const double e = nmse(got.data(), ref.data(), ref.size());
     std::printf("[mla] n_tok %lld pos0 %lld heads %lld width %lld rank %lld max_keys %lld: nmse %.3g\n",
                 static_cast<long long>(c.n_tok), static_cast<long long>(c.pos0), static_cast<long long>(H),
