@@ -332,6 +332,10 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   r.gating = mp.gating == ExpertGating::kSoftmax ? 0 : mp.gating == ExpertGating::kSigmoid ? 1 : 2;
   r.norm_w = mp.norm_w;
   r.w_scale = mp.w_scale;
+  if (mp.n_group > 1 && mp.n_group_used < mp.n_group) {  // (the host's condition for masking)
+    r.n_group = static_cast<int>(mp.n_group);
+    r.n_group_used = static_cast<int>(mp.n_group_used);
+  }
   r.expert = static_cast<int32_t*>(moe_ids_.p);
   r.weight = moe_w_.f();
   r.stream = stream_;

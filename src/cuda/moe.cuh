@@ -25,16 +25,19 @@ struct RouteParams {
   // A shared expert stacked as expert n_expert (DeviceLayer::shexp_stacked) takes slot k of
   // every token: 0 none, 1 weight 1, 2 weight sigmoid(logit n_expert) (the router's extra row).
   int shared = 0;
+  // Group-limited routing (DeepSeek-V3's n_group / topk_group; MoePlan): only the experts of
+  // the best n_group_used of n_group groups may be chosen. n_group 0 or 1: off.
+  int n_group = 0, n_group_used = 0;
   int32_t* expert = nullptr;        // out [n_tok][k (+ 1: shared)]: chosen experts, best first, ties to the lower id
   float* weight = nullptr;          // out [n_tok][k (+ 1: shared)]
   cudaStream_t stream = nullptr;
 };
-// One warp per token, the host's route_token step for step (group-limited routing is not
-// here: such layers refuse upstream).
+// One warp per token, the host's route_token step for step (group-limited routing included).
 void launch_route(const RouteParams& p);
 // Whether route_token can run p (launch_route's and MatmulParams::route's check): 1 to
 // kMoeMaxExperts experts, 1 to n_expert chosen, slots (k + a stacked shared expert) within
-// route_token's arrays, a known gating and shared mode.
+// route_token's arrays, a known gating and shared mode, at most 32 groups (a lane each)
+// dividing the experts.
 bool route_params_ok(const RouteParams& p);
 
 // An F32 router's product of one token's normed h, run beside the norm that makes h

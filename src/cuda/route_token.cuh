@@ -132,11 +132,61 @@ __device__ __forceinline__ ProbScale route_probs(const RouteParams& p, const flo
   return ps;
 }
 
+// Expert e's selection score (ranks; never weighs).
+__device__ __forceinline__ float selection_score(const RouteParams& p, float prob, int e) {
+  return p.sel_bias ? prob + p.sel_bias[e] : prob;
+}
+
 // Expert e's ranking key of probability prob (0 past the experts: never chosen).
 __device__ __forceinline__ uint64_t route_key(const RouteParams& p, float prob, int e) {
   if (e >= p.n_expert) return 0;
-  const float s = p.sel_bias ? prob + p.sel_bias[e] : prob;
+  const float s = selection_score(p, prob, e);
   return rank_key(isnan(s) ? -INFINITY : s, e);  // a NaN score still yields a valid expert
+}
+
+// Group-limited routing (RouteParams::n_group; the host's mask_groups): each group of
+// n_expert / n_group consecutive experts scores the sum of its two best selection scores, and
+// the experts of all but the best n_group_used groups (ties to the lower group) rank as -inf.
+// Lane g ends holding group g's score; the top two of a group meet by max and min, which are
+// exact in any order, so the sum is the host's.
+template <int kPer>
+__device__ __forceinline__ void mask_groups(const RouteParams& p, const float (&prob)[kPer], uint64_t (&key)[kPer],
+                                            int lane) {
+  const int E = static_cast<int>(p.n_expert), per = E / p.n_group;
+  float gscore = -INFINITY;
+  for (int g = 0; g < p.n_group; ++g) {
+    float best = -INFINITY, second = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      if (e >= E || e / per != g) continue;
+      const float s = selection_score(p, prob[i], e);
+      if (s > best) {
+        second = best;
+        best = s;
+      } else if (s > second) {
+        second = s;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float b2 = __shfl_xor_sync(0xffffffffu, best, o), s2 = __shfl_xor_sync(0xffffffffu, second, o);
+      second = fmaxf(fminf(best, b2), fmaxf(second, s2));
+      best = fmaxf(best, b2);
+    }
+    if (lane == g) gscore = per > 1 ? best + second : best;
+  }
+  int before = 0;  // groups ranked before lane's group
+  for (int j = 0; j < p.n_group; ++j) {
+    const float gj = __shfl_sync(0xffffffffu, gscore, j);
+    before += gj > gscore || (gj == gscore && j < lane);
+  }
+  const unsigned kept = __ballot_sync(0xffffffffu, lane < p.n_group && before < p.n_group_used);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E && !((kept >> (e / per)) & 1u)) key[i] = rank_key(-INFINITY, e);
+  }
 }
 
 // A double sum of lane j's v over lanes j < k, in j's order (the host's sequential sum), the
@@ -162,6 +212,7 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, int
   uint64_t key[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) key[i] = route_key(p, prob[i], lane + 32 * i);
+  if (p.n_group > 1) mask_groups<kPer>(p, prob, key, lane);
   sort_keys_desc<kPer>(key);
   int mine = 0;  // lane j: round j's expert
   for (int j = 0; j < k; ++j) {

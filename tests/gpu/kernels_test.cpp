@@ -1114,7 +1114,9 @@ TEST(CudaKernels, GluAddSoftcapMatchHost) {
 // float rounding) for each gating, with a selection bias, weight normalisation and scale,
 // over expert counts that do and do not fill the warp's lanes; ties (logits rounded to whole
 // numbers: equal scores, the lower expert first) and experts of -inf logit; k from 2 to 24 (a
-// slot a lane at the routing's end, route_token), with lanes holding 16 experts (512, 300, 257).
+// slot a lane at the routing's end, route_token), with lanes holding 16 experts (512, 300, 257);
+// group-limited routing (DeepSeek-V3's 8 groups of 32, 4 kept; groups of 16 and of 10 that cut
+// across a lane's experts; 32 groups of 2; ties between groups' scores).
 TEST(CudaKernels, RoutingMatchesHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(41);
@@ -1124,6 +1126,7 @@ TEST(CudaKernels, RoutingMatchesHost) {
     bool bias, norm_w;
     float w_scale;
     bool ties = false;
+    int64_t n_group = 0, n_group_used = 0;
   };
   for (const C& c : {C{ExpertGating::kSoftmax, 128, 8, false, true, 1.0f}, C{ExpertGating::kSoftmax, 8, 2, false, false, 1.0f},
                      C{ExpertGating::kSigmoid, 256, 8, true, true, 2.5f}, C{ExpertGating::kSoftmaxWeight, 32, 4, false, false, 1.0f},
@@ -1132,7 +1135,12 @@ TEST(CudaKernels, RoutingMatchesHost) {
                      C{ExpertGating::kSigmoid, 60, 6, false, false, 1.0f, true},
                      C{ExpertGating::kSoftmax, 512, 10, false, true, 1.0f, true},
                      C{ExpertGating::kSigmoid, 300, 16, true, false, 1.0f, true},
-                     C{ExpertGating::kSoftmaxWeight, 257, 24, false, false, 1.0f}}) {
+                     C{ExpertGating::kSoftmaxWeight, 257, 24, false, false, 1.0f},
+                     C{ExpertGating::kSigmoid, 256, 8, true, true, 2.5f, false, 8, 4},
+                     C{ExpertGating::kSoftmax, 64, 6, false, false, 1.0f, false, 4, 2},
+                     C{ExpertGating::kSigmoid, 60, 4, true, true, 1.0f, true, 6, 1},
+                     C{ExpertGating::kSoftmax, 64, 6, false, true, 1.0f, true, 32, 5},
+                     C{ExpertGating::kSigmoid, 160, 8, false, true, 1.0f, true, 8, 3}}) {
     const int64_t n_tok = 5;
     auto logits = random_floats(rng, n_tok * c.n_expert, 2.0f);
     const auto bias = random_floats(rng, c.n_expert, 0.1f);
@@ -1146,6 +1154,8 @@ TEST(CudaKernels, RoutingMatchesHost) {
     mp.gating = c.gating;
     mp.norm_w = c.norm_w;
     mp.w_scale = c.w_scale;
+    mp.n_group = c.n_group;
+    mp.n_group_used = c.n_group_used;
     std::vector<int32_t> ref_e(static_cast<size_t>(n_tok * c.k));
     std::vector<float> ref_w(ref_e.size());
     for (int64_t t = 0; t < n_tok; ++t) {
@@ -1163,10 +1173,24 @@ TEST(CudaKernels, RoutingMatchesHost) {
     p.gating = static_cast<int>(c.gating);
     p.norm_w = c.norm_w;
     p.w_scale = c.w_scale;
+    p.n_group = static_cast<int>(c.n_group);
+    p.n_group_used = static_cast<int>(c.n_group_used);
     p.expert = de.p;
     p.weight = dw.p;
     cuda::launch_route(p);
-    EXPECT_EQ(de.get(), ref_e) << "n_expert " << c.n_expert;
+    EXPECT_EQ(de.get(), ref_e) << "n_expert " << c.n_expert << " groups " << c.n_group;
+    if (c.n_group > 1) {  // the masking changed the choice somewhere, or the case tests nothing
+      MoePlan open = mp;
+      open.n_group = 0;
+      std::vector<int32_t> free_e(ref_e.size());
+      std::vector<float> free_w(ref_e.size());
+      for (int64_t t = 0; t < n_tok; ++t) {
+        std::vector<float> lg(logits.begin() + t * c.n_expert, logits.begin() + (t + 1) * c.n_expert);
+        cpu::route_token(open, lg.data(), c.bias ? bias.data() : nullptr, free_e.data() + t * c.k,
+                         free_w.data() + t * c.k);
+      }
+      EXPECT_NE(free_e, ref_e) << "groups " << c.n_group << ": no token's choice was limited";
+    }
     const auto w = dw.get();
     EXPECT_LT(nmse(w.data(), ref_w.data(), ref_w.size()), 1e-12) << "n_expert " << c.n_expert;
     // A stacked shared expert (RouteParams::shared): the router's rows gain the shared gate's
@@ -1325,8 +1349,9 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
 // The experts' gate/up launch that routes its token itself (MatmulParams::route) gives the
 // routing kernel's experts and weights, and launch_route's products, bit for bit: 128, 64 and
 // 60 experts (4 keys a lane, a lane's last empty), a softmax and a sigmoid gate with a
-// selection bias, and a stacked shared expert (slot k, the router's extra logit), on both
-// narrow kernels. 512 experts route in their own kernel (kRouteInLaunchMaxExperts).
+// selection bias, a stacked shared expert (slot k, the router's extra logit), and group-limited
+// routing (8 groups, 3 kept), on both narrow kernels. 512 experts route in their own kernel
+// (kRouteInLaunchMaxExperts).
 TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(71);
@@ -1335,12 +1360,14 @@ TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
     int64_t n_in, n_out, n_expert, k;
     ExpertGating gating;
     int shared;
+    int n_group = 0, n_group_used = 0;
   };
   // matvec_narrow_kernel's sub-warps of 16 (2048 wide) and 8 lanes (768).
   for (const C& c : {C{GgmlType::Q4_0, 2048, 768, 128, 8, ExpertGating::kSoftmax, 0},
                      C{GgmlType::Q4_0, 2048, 768, 60, 4, ExpertGating::kSigmoid, 0},
                      C{GgmlType::Q4_0, 2048, 768, 64, 6, ExpertGating::kSoftmax, 2},
-                     C{GgmlType::Q4_0, 768, 2048, 128, 8, ExpertGating::kSoftmax, 1}}) {
+                     C{GgmlType::Q4_0, 768, 2048, 128, 8, ExpertGating::kSoftmax, 1},
+                     C{GgmlType::Q4_0, 2048, 768, 64, 6, ExpertGating::kSigmoid, 0, 8, 3}}) {
     const int64_t n_in = c.n_in, n_out = c.n_out;
     const int64_t stack = c.n_expert + (c.shared != 0), slots = c.k + (c.shared != 0);
     const size_t expert_bytes = ggml_row_bytes(c.t, n_in) * static_cast<size_t>(n_out);
@@ -1366,6 +1393,8 @@ TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
       r.gating = static_cast<int>(c.gating);
       r.norm_w = true;
       r.shared = c.shared;
+      r.n_group = c.n_group;
+      r.n_group_used = c.n_group_used;
       r.expert = de.p;
       r.weight = dw.p;
       cuda::MatmulParams ps[2] = {mat_params(c.t, dg.p, n_in, n_out, dx.p, 1, dyg.p),

@@ -432,7 +432,10 @@ TEST(DeviceNormFold, FoldedDecodeMatchesHost) {
 // hold near ties (top two within 0.05) that rounding flips, and a flip would make every later
 // step differ wholesale. Bound 3e-3: with layer 0 on the device the logits move by 1e-3 (H200),
 // its rounding flipping near-tied experts of layer 1's random router; layer 1 alone there,
-// fed the host's layer 0, 1.3e-4. A wrong head's matrix or a stale row is O(1).
+// fed the host's layer 0, 1.3e-4. A wrong head's matrix or a stale row is O(1). The experts
+// route as the full DeepSeek-V2 does, limited to the best 3 of 8 groups (the plan set on the
+// loaded model: host and device read the same plan), so the device's group masking is held to
+// the host's too.
 TEST(DeviceMla, LiteShapesMatchHost) {
   FRINK_REQUIRE_GPU();
   SynthOptions so;
@@ -442,6 +445,8 @@ TEST(DeviceMla, LiteShapesMatchHost) {
   const auto path = std::filesystem::temp_directory_path() / "frink_mla_lite_q8_0.gguf";
   write_synth(plan_synth(so), path.string(), 0);
   const auto m = load_model(path.string());
+  for (LayerPlan& p : m->hp.layers)
+    if (p.ffn == FfnKind::kMoe) p.moe.n_group = 8, p.moe.n_group_used = 3;
   const int64_t V = m->hp.n_vocab;
   const int kSteps = 6;
   const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 150, kSteps);

@@ -22,7 +22,6 @@ namespace {
 
 Refusal expected(const LayerPlan& p) {
   if (p.recurrent == RecurrentKind::kMamba2) return Refusal::kRecurrent;
-  if (p.ffn == FfnKind::kMoe && p.moe.n_group > 1 && p.moe.n_group_used < p.moe.n_group) return Refusal::kMoe;
   return Refusal::kNone;
 }
 
