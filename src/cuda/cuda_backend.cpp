@@ -534,6 +534,7 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
   int64_t n_exp = 0, slots = 0, slot_ff = 0;  // MoE: stack experts (router rows), n_tok * slots, slots * n_ff_exp
   bool grouped_experts = false;               // some MoE layer takes moe_grouped_experts
   int64_t gdn_c = 0, gdn_v = 0, gdn_h = 0;    // delta net: conv channels, d_inner, value heads
+  int64_t mb_w = 0, mb_c = 0, mb_di = 0;       // Mamba-2: ssm_in's width, conv channels, d_inner
   int64_t mla_h = 0, mla_qa = 0, mla_w = 0, mla_r = 0, mla_in = 0;  // latent attention (enqueue_mla)
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
@@ -542,6 +543,13 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
       gdn_v = std::max(gdn_v, p.ssm.d_inner);
       gdn_h = std::max(gdn_h, p.ssm.n_v_head);
       max_in = std::max(max_in, p.ssm.d_inner);  // ssm_out's input
+    }
+    if (p.recurrent == RecurrentKind::kMamba2) {
+      const SsmPlan& s = p.ssm;
+      mb_w = std::max(mb_w, s.d_inner + s.conv_channels() + s.n_v_head);
+      mb_c = std::max(mb_c, s.conv_channels());
+      mb_di = std::max(mb_di, s.d_inner);
+      max_in = std::max(max_in, s.d_inner);  // ssm_out's input
     }
     if (p.ffn == FfnKind::kMoe) {
       const MoeStack st = moe_stack(p.moe, w_.layer(il));
@@ -617,6 +625,11 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
       moe_sort_.ensure(static_cast<size_t>(n_exp + slots) * sizeof(int32_t));
       moe_ptrs_.ensure(static_cast<size_t>(3 * n_exp) * sizeof(void*));
     }
+  }
+  if (mb_w > 0) {
+    mb_in_.ensure(fl(mb_w));
+    mb_xbc_.ensure(fl(mb_c));
+    mb_y_.ensure(fl(mb_di));
   }
   if (gdn_c > 0) {
     gdn_qkv_.ensure(fl(gdn_c));
@@ -1337,7 +1350,7 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, in
   for (const DevBuf* b : {&act_, &fold_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
                           &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_,
-                          &mla_qa_, &mla_q_, &mla_ctx_, &mla_heads_})
+                          &mla_qa_, &mla_q_, &mla_ctx_, &mla_heads_, &mb_in_, &mb_xbc_, &mb_y_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
   key.push_back(reinterpret_cast<uintptr_t>(staging_.p));
   key.push_back(reinterpret_cast<uintptr_t>(dstage_.p));
@@ -1379,7 +1392,7 @@ cudaGraphExec_t CudaBackend::capture_token(std::span<const LayerRun> runs, int64
     for (size_t il = 0; il < runs.size(); ++il) {
       const LayerRun& r = runs[il];
       if (r.rec) {
-        enqueue_delta_net(static_cast<int64_t>(il), *r.rec, r.rec_from, 1 - r.rec_from, kOneSegment, nullptr);
+        enqueue_recurrent(static_cast<int64_t>(il), *r.rec, r.rec_from, 1 - r.rec_from, kOneSegment, nullptr);
         continue;
       }
       enqueue_layer(static_cast<int64_t>(il), *r.kv, r.pd, max_keys);

@@ -20,6 +20,7 @@
 #include "cpu/thread_pool.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_probe.h"
+#include "cuda/delta_net.cuh"
 #include "cuda/device_weights.h"
 #include "cuda/kv_mirror.h"
 #include "cuda/matmul.cuh"
@@ -141,6 +142,15 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // the state wants a snapshot of is copied out (stage_snapshot). The state is read from the
   // mirror's copy `from` and written to copy `to` (another only with one segment).
   void enqueue_delta_net(int64_t il, RecurrentMirror& rm, int from, int to, std::span<const int64_t> ends,
+                         RecurrentState* snap);
+  // Recurrent layer il's causal conv of n_tok rows of x (its channels from x, x_stride apart)
+  // into y (rows of its channels), against the state copy `from`, the new state into `to`.
+  ConvParams conv_params(int64_t il, RecurrentMirror& rm, int from, int to, const float* x, int64_t x_stride, float* y,
+                         int64_t n_tok);
+  // The same for a Mamba-2 layer (mamba2.cuh), and the one of the two layer il is.
+  void enqueue_mamba2(int64_t il, RecurrentMirror& rm, int from, int to, std::span<const int64_t> ends,
+                      RecurrentState* snap);
+  void enqueue_recurrent(int64_t il, RecurrentMirror& rm, int from, int to, std::span<const int64_t> ends,
                          RecurrentState* snap);
   // x = x + proj(branch) (+ sandwich norm), x = x + ffn(ffn_norm(x)): the tail of a layer.
   // branch_q8: act_ already holds branch as proj reads it (Q8_0 blocks: MatmulParams::x_prepared).
@@ -334,6 +344,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
   // Gated delta net: the q|k|v projection and its conv output, z, the raw beta|alpha, the
   // gates, the delta rule's output.
   DevBuf gdn_qkv_, gdn_conv_, gdn_z_, gdn_ba_, gdn_beta_, gdn_g_, gdn_o_;
+  // Mamba-2: ssm_in's z | xBC | dt, the conv's x | B | C, the scan's gated output.
+  DevBuf mb_in_, mb_xbc_, mb_y_;
   size_t scratch_elems_ = 0;
   PinnedBuf staging_;  // new K/V rows on their way to the host caches
   DevBuf dstage_;      // the same rows on the device, at the same offsets

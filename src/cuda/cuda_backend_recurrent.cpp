@@ -21,13 +21,14 @@
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/delta_net.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/mamba2.cuh"
 #include "cuda/norm.cuh"
 
 namespace frink::cuda::detail {
 
 void CudaBackend::run_recurrent_layer(int64_t il, RecurrentState& state) {
   const LayerPlan& p = m_.hp.layers[static_cast<size_t>(il)];
-  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone && p.recurrent == RecurrentKind::kGatedDeltaNet,
+  FRINK_ASSERT(refusal_[static_cast<size_t>(il)] == Refusal::kNone && p.recurrent != RecurrentKind::kNone,
                "run_recurrent_layer on layer {}", il);
   RecurrentMirror& rm = ready_recurrent(state);
   rm.prepare(state, il, stream_);
@@ -38,7 +39,95 @@ void CudaBackend::run_recurrent_layer(int64_t il, RecurrentState& state) {
     if (pos == pos0_ + n_tok_ || state.wants_snapshot(pos, pos0_, pos0_ + n_tok_)) ends.push_back(pos - pos0_);
   rm.running(il);  // before the first launch: a throw below leaves the copy untrusted
   pending_rec_.push_back({&state, &rm, il, false});
-  enqueue_delta_net(il, rm, rm.half(il), rm.half(il), ends, &state);
+  enqueue_recurrent(il, rm, rm.half(il), rm.half(il), ends, &state);
+}
+
+void CudaBackend::enqueue_recurrent(int64_t il, RecurrentMirror& rm, int from, int to, std::span<const int64_t> ends,
+                                    RecurrentState* snap) {
+  if (m_.hp.layers[static_cast<size_t>(il)].recurrent == RecurrentKind::kMamba2)
+    enqueue_mamba2(il, rm, from, to, ends, snap);
+  else
+    enqueue_delta_net(il, rm, from, to, ends, snap);
+}
+
+// The host's mamba2_layer (cpu/recurrent_layer.cpp) step by step, every step on the device.
+void CudaBackend::enqueue_mamba2(int64_t il, RecurrentMirror& rm, int from, int to, std::span<const int64_t> ends,
+                                 RecurrentState* snap) {
+  const Hparams& hp = m_.hp;
+  const LayerPlan& p = hp.layers[static_cast<size_t>(il)];
+  const DeviceLayer& d = w_.layer(il);
+  const SsmPlan& sp = p.ssm;
+  const int64_t E = hp.n_embd, n = n_tok_, C = sp.conv_channels(), DI = sp.d_inner, H = sp.n_v_head;
+  const int64_t W = DI + C + H;
+  FRINK_ASSERT(!ends.empty() && ends.back() == n && (from == to || ends.size() == 1),
+               "segments must end at the batch end, and read the state they write");
+
+  // h = rms(x) * attn_norm; z | xBC | dt = ssm_in h
+  const NormParams attn_norm = norm_params(d.attn_norm, x_.f(), h_.f(), n, E, E, hp.norm == NormKind::kLayer);
+  MatmulParams in = matmul_params(d.ssm_in, h_.f(), E, mb_in_.f(), W);
+  in.pre_norm = &attn_norm;
+  launch_matmuls(&in, 1);
+
+  // Segment by segment: xBC = silu(conv1d(xBC)) against the conv state, then the selective
+  // scan against the SSM state, its output (y + D x) * silu(z).
+  int64_t b = 0;
+  for (const int64_t e : ends) {
+    launch_conv1d_silu(conv_params(il, rm, from, to, mb_in_.f() + b * W + DI, W, mb_xbc_.f() + b * C, e - b));
+    Mamba2ScanParams sc;
+    sc.xbc = mb_xbc_.f() + b * C;
+    sc.xbc_stride = C;
+    sc.zdt = mb_in_.f() + b * W;
+    sc.zdt_stride = W;
+    sc.dt_off = DI + C;
+    sc.dt_bias = d.ssm_dt_b;
+    sc.a = d.ssm_a;
+    sc.d = d.ssm_d;
+    sc.state = rm.ssm(il, from);
+    if (to != from) sc.state_out = rm.ssm(il, to);
+    sc.y = mb_y_.f() + b * DI;
+    sc.n_tok = e - b;
+    sc.n_head = H;
+    sc.head_dim = DI / H;
+    sc.d_state = sp.d_state;
+    sc.n_group = sp.n_group;
+    sc.stream = stream_;
+    launch_mamba2_scan(sc);
+    if (snap && snap->wants_snapshot(pos0_ + e, pos0_, pos0_ + n)) stage_snapshot(*snap, rm, il, pos0_ + e, to);
+    b = e;
+  }
+  // y = rms(y) * ssm_norm per group; x = x + ssm_out(y); x = x + ffn(rms(x) * ffn_norm)
+  if (d.ssm_norm) {
+    GroupNormParams gn;
+    gn.y = mb_y_.f();
+    gn.w = d.ssm_norm;
+    gn.n_tok = n;
+    gn.width = DI;
+    gn.n_group = sp.n_group;
+    gn.eps = hp.norm_eps;
+    gn.stream = stream_;
+    launch_group_rms_norm(gn);
+  }
+  enqueue_residual_ffn(il, p, d, d.ssm_out, mb_y_.f(), DI);
+}
+
+ConvParams CudaBackend::conv_params(int64_t il, RecurrentMirror& rm, int from, int to, const float* x,
+                                    int64_t x_stride, float* y, int64_t n_tok) {
+  const SsmPlan& sp = m_.hp.layers[static_cast<size_t>(il)].ssm;
+  const DeviceLayer& d = w_.layer(il);
+  ConvParams cp;
+  cp.x = x;
+  cp.x_stride = x_stride;
+  cp.y = y;
+  cp.y_stride = sp.conv_channels();
+  cp.n_tok = n_tok;
+  cp.channels = sp.conv_channels();
+  cp.width = sp.d_conv;
+  cp.w = d.ssm_conv1d;
+  cp.bias = d.ssm_conv1d_b;
+  cp.state = rm.conv(il, from);
+  if (to != from) cp.state_out = rm.conv(il, to);
+  cp.stream = stream_;
+  return cp;
 }
 
 // The host's delta_net_layer (cpu/recurrent_layer.cpp) step by step, every step on the device.
@@ -88,19 +177,7 @@ void CudaBackend::enqueue_delta_net(int64_t il, RecurrentMirror& rm, int from, i
   // l2norm(k) per key head; o = gated_delta_rule(q / sqrt(d), k, v, g, beta) against the state.
   int64_t b = 0;
   for (const int64_t e : ends) {
-    ConvParams cp;
-    cp.x = gdn_qkv_.f() + b * C;
-    cp.x_stride = C;
-    cp.y = gdn_conv_.f() + b * C;
-    cp.y_stride = C;
-    cp.n_tok = e - b;
-    cp.channels = C;
-    cp.width = sp.d_conv;
-    cp.w = d.ssm_conv1d;
-    cp.bias = d.ssm_conv1d_b;
-    cp.state = rm.conv(il, from);
-    if (to != from) cp.state_out = rm.conv(il, to);
-    cp.stream = stream_;
+    const ConvParams cp = conv_params(il, rm, from, to, gdn_qkv_.f() + b * C, C, gdn_conv_.f() + b * C, e - b);
     L2NormParams lp;
     lp.x = gdn_conv_.f() + b * C;
     lp.x_stride = C;

@@ -13,6 +13,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/delta_net.cuh"
+#include "cuda/mamba2.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/mla_attention.cuh"
 #include "cuda/moe.cuh"
@@ -84,8 +85,23 @@ bool stacks_shared_expert(const LayerPlan& p, const LayerWeights& w) {
 
 // A recurrent layer: gated delta nets run (cuda/delta_net.cuh) when their head width and
 // conv width fit the kernels and the layer has the host body's shape (no sandwich norms, no
-// parallel residual: the host's delta_net_layer applies none); Mamba-2 is the host's.
+// parallel residual: the host's delta_net_layer applies none); Mamba-2 layers (mamba2.cuh)
+// likewise.
+Refusal mamba2_refusal(const LayerPlan& p, const LayerWeights& w) {
+  const SsmPlan& s = p.ssm;
+  if (!mamba2_supported(s.d_state) || !delta_net_supported(s.d_state, s.d_conv) || s.n_v_head <= 0 ||
+      s.n_group <= 0 || s.n_v_head % s.n_group != 0 || s.d_inner % s.n_v_head != 0 || p.parallel_residual ||
+      p.post_attn_norm || p.post_ffn_norm)
+    return Refusal::kShape;
+  if (!w.ssm_in || !w.ssm_out || !w.ssm_conv1d || !w.ssm_dt_b || !w.ssm_a || !w.ssm_d) return Refusal::kShape;
+  if (p.ffn == FfnKind::kMoe && !moe_ok(p, w)) return Refusal::kMoe;
+  for (const Linear* l : {&w.ssm_in, &w.ssm_out, &w.ffn_gate, &w.ffn_up, &w.ffn_down})
+    if (!linear_ok(*l)) return Refusal::kQuantType;
+  return Refusal::kNone;
+}
+
 Refusal recurrent_refusal(const LayerPlan& p, const LayerWeights& w) {
+  if (p.recurrent == RecurrentKind::kMamba2) return mamba2_refusal(p, w);
   if (p.recurrent != RecurrentKind::kGatedDeltaNet) return Refusal::kRecurrent;
   const SsmPlan& s = p.ssm;
   if (!delta_net_supported(s.d_state, s.d_conv) || s.head_v_dim() != s.d_state || p.parallel_residual ||
@@ -194,19 +210,25 @@ void DeviceWeights::upload_layer(const Model& m, int64_t il, bool stack_shared) 
   d.post_attn_norm = nrm(w.post_attn_norm, hp.n_embd);
   d.ffn_norm = nrm(w.ffn_norm, hp.n_embd);
   d.post_ffn_norm = nrm(w.post_ffn_norm, hp.n_embd);
-  if (p.recurrent == RecurrentKind::kGatedDeltaNet) {
+  if (p.recurrent != RecurrentKind::kNone) {
     const SsmPlan& s = p.ssm;
-    d.ssm_qkv = linear(w.ssm_qkv);
-    d.ssm_z = linear(w.ssm_z);
-    d.ssm_ba = linear(w.ssm_ba);
-    d.ssm_beta = linear(w.ssm_beta);
-    d.ssm_alpha = linear(w.ssm_alpha);
     d.ssm_out = linear(w.ssm_out);
     d.ssm_conv1d = upload_vec(w.ssm_conv1d, s.conv_channels() * s.d_conv);
     d.ssm_conv1d_b = upload_vec(w.ssm_conv1d_b, s.conv_channels());
     d.ssm_dt_b = upload_vec(w.ssm_dt_b, s.n_v_head);
     d.ssm_a = upload_vec(w.ssm_a, s.n_v_head);
-    d.ssm_norm = upload_vec(w.ssm_norm, s.head_v_dim());
+    if (p.recurrent == RecurrentKind::kMamba2) {
+      d.ssm_in = linear(w.ssm_in);
+      d.ssm_d = upload_vec(w.ssm_d, s.n_v_head);
+      d.ssm_norm = upload_vec(w.ssm_norm, s.d_inner);
+    } else {
+      d.ssm_qkv = linear(w.ssm_qkv);
+      d.ssm_z = linear(w.ssm_z);
+      d.ssm_ba = linear(w.ssm_ba);
+      d.ssm_beta = linear(w.ssm_beta);
+      d.ssm_alpha = linear(w.ssm_alpha);
+      d.ssm_norm = upload_vec(w.ssm_norm, s.head_v_dim());
+    }
   }
   if (p.attn == AttnKind::kMla) {
     d.wq_a = linear(w.wq_a);

@@ -70,7 +70,9 @@ struct DeviceLayer {
   // linears then null), run as slot k of every token; when gated, its gate logit is the
   // router's row n_expert (stacks_shared_expert).
   bool shexp_stacked = false;
-  // Gated delta net (plan.recurrent == kGatedDeltaNet); C = conv_channels, model/weights.h
+  // Recurrent layers: gated delta net (plan.recurrent == kGatedDeltaNet) and Mamba-2 (ssm_in,
+  // conv, dt_b, a, d, norm, out); C = conv_channels, model/weights.h
+  DeviceLinear ssm_in;                  // Mamba-2: n_embd -> z | xBC | dt (d_inner + C + n_v_head)
   DeviceLinear ssm_qkv;                 // n_embd -> q | k | v (C)
   DeviceLinear ssm_z;                   // n_embd -> z (d_inner)
   DeviceLinear ssm_ba;                  // n_embd -> per key head [beta | alpha], or null:
@@ -80,7 +82,8 @@ struct DeviceLayer {
   const float* ssm_conv1d_b = nullptr;  // [C] or null
   const float* ssm_dt_b = nullptr;      // [n_v_head]
   const float* ssm_a = nullptr;         // [n_v_head]: -exp(A_log)
-  const float* ssm_norm = nullptr;      // [head_v_dim]
+  const float* ssm_d = nullptr;         // Mamba-2: [n_v_head], the skip D
+  const float* ssm_norm = nullptr;      // [head_v_dim] (delta net), [d_inner] (Mamba-2: n_group groups), or null
 };
 
 // Why layer il (or, for il == n_layer, the output head) cannot run on the device; pure.

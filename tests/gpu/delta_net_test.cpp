@@ -481,14 +481,15 @@ TEST(DeltaNetKernels, DecodePrepEqualsThreeLaunches) {
 // ---- hybrid models on the device -------------------------------------------------------
 
 // The hybrid fixtures: the transformers ones (committed, always here) and llama.cpp's
-// (FRINK_GPU_TESTDATA / ../shared, skipped when absent).
+// (FRINK_GPU_TESTDATA / ../shared, skipped when absent): gated delta nets, and granite's
+// Mamba-2 layer.
 std::vector<std::pair<std::string, std::string>> hybrid_models() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const char* name : {"qwen3_next", "qwen3_5"})
     if (const auto dir = hf_fixture(name); std::filesystem::exists(dir / "config.json"))
       out.emplace_back(std::string("hf/") + name, dir.string());
   const auto data = gpu_testdata();
-  for (const char* name : {"qwen3next-moe", "qwen35-dense", "qwen35moe-moe"}) {
+  for (const char* name : {"qwen3next-moe", "qwen35-dense", "qwen35moe-moe", "granitehybrid-dense"}) {
     const auto p = data / "llamacpp" / "archs" / (std::string(name) + ".gguf");
     if (!data.empty() && std::filesystem::exists(p)) out.emplace_back(name, p.string());
   }

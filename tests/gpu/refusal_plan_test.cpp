@@ -1,9 +1,8 @@
 // The device's refusal predicate (cuda::device_refusal) on the llama.cpp model files. It is
 // pure (no device call), so it runs wherever the CUDA code is built, GPU or not: CI checks
-// it. Each layer gets the reason its kind should get: Mamba-2 layers kRecurrent (the host
-// runs them), and every kind the device runs (windows, ALiBi, sinks, softcaps, mixtures of
-// experts, gated attention, whole-projection QK norm, gated delta nets, latent attention)
-// kNone.
+// it. Every layer kind of the llama.cpp files runs on the device (kNone): windows, ALiBi, sinks,
+// softcaps, mixtures of experts, gated attention, whole-projection QK norm, gated delta nets,
+// Mamba-2, latent attention.
 // Each feature is asserted present in its file, so the test cannot pass vacuously.
 #include <algorithm>
 #include <string>
@@ -21,14 +20,13 @@ namespace frink::test {
 namespace {
 
 Refusal expected(const LayerPlan& p) {
-  if (p.recurrent == RecurrentKind::kMamba2) return Refusal::kRecurrent;
   return Refusal::kNone;
 }
 
 TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
   FRINK_REQUIRE_SHARED();
   struct Seen {
-    int window = 0, alibi = 0, sinks = 0, moe = 0, gated = 0, qk_norm_full = 0, delta_net = 0, recurrent = 0, mla = 0,
+    int window = 0, alibi = 0, sinks = 0, moe = 0, gated = 0, qk_norm_full = 0, delta_net = 0, mamba2 = 0, mla = 0,
         ran = 0;
   } seen;
   for (const char* name : {"llama-dense", "qwen2-dense", "qwen3-dense", "mistral3-dense", "phi3-dense", "gemma2-dense",
@@ -41,10 +39,7 @@ TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
       const LayerPlan& p = m->hp.layers[static_cast<size_t>(il)];
       const Refusal r = cuda::device_refusal(*m, il);
       EXPECT_EQ(refusal_name(r), refusal_name(expected(p))) << name << " layer " << il;
-      if (r != Refusal::kNone) {
-        seen.recurrent += r == Refusal::kRecurrent;
-        continue;
-      }
+      if (r != Refusal::kNone) continue;
       ++seen.ran;
       seen.window += p.window > 0;
       seen.alibi += p.alibi;
@@ -53,11 +48,12 @@ TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
       seen.gated += p.attn_out_gate;
       seen.qk_norm_full += p.qk_norm_full;
       seen.delta_net += p.recurrent == RecurrentKind::kGatedDeltaNet;
+      seen.mamba2 += p.recurrent == RecurrentKind::kMamba2;
       seen.mla += p.attn == AttnKind::kMla;
     }
     EXPECT_EQ(refusal_name(cuda::device_refusal(*m, m->hp.n_layer)), refusal_name(Refusal::kNone)) << name << " head";
   }
-  // Every kind the device now runs appeared on it at least once, and the host kinds refused.
+  // Every kind the device runs appeared on it at least once.
   EXPECT_GT(seen.window, 0);
   EXPECT_GT(seen.alibi, 0);
   EXPECT_GT(seen.sinks, 0);
@@ -65,11 +61,11 @@ TEST(DeviceRefusalPlan, EachLayerKindGetsItsReason) {
   EXPECT_GT(seen.gated, 0);
   EXPECT_GT(seen.qk_norm_full, 0);
   EXPECT_GT(seen.delta_net, 0);
-  EXPECT_GT(seen.recurrent, 0);
+  EXPECT_GT(seen.mamba2, 0);
   EXPECT_GT(seen.mla, 0);
-  std::printf("[plan] device runs %d layers of the llama.cpp files (%d gated delta nets, %d latent attention); %d "
-              "recurrent refuse\n",
-              seen.ran, seen.delta_net, seen.mla, seen.recurrent);
+  std::printf("[plan] device runs %d layers of the llama.cpp files (%d gated delta nets, %d Mamba-2, %d latent "
+              "attention)\n",
+              seen.ran, seen.delta_net, seen.mamba2, seen.mla);
 }
 
 Refusal placed_as(const std::vector<Refusal>& r, int64_t il) { return r[static_cast<size_t>(il)]; }
@@ -82,7 +78,7 @@ Refusal placed_as(const std::vector<Refusal>& r, int64_t il) { return r[static_c
 // Pure, so CI checks it.
 TEST(DevicePlacement, TheHeadThenTheLastLayersThatFit) {
   FRINK_REQUIRE_SHARED();
-  // stories260K: 5 attention layers; granite: a Mamba-2 layer (refused) after an attention one.
+  // stories260K: 5 attention layers; granite: a Mamba-2 layer after an attention one.
   for (const auto& path : {shared_testdata() / "models" / "stories260K.gguf",
                            shared_testdata() / "llamacpp" / "archs" / "granitehybrid-dense.gguf"}) {
     const std::string name = path.stem().string();
