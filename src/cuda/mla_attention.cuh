@@ -8,7 +8,8 @@
 //
 // Decode batches (n_tok < kAttnPrefillMinTok) cut the keys into splits (flash-decoding) and a
 // merge kernel combines them, so a long context keeps the SMs busy; prompt batches give each
-// (token, 8 heads) one block over all its keys and write the output directly.
+// (token, 8 heads) one block over all its keys, scored a key a lane, and write the output
+// directly.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +21,8 @@
 
 namespace frink::cuda {
 
-// Widths the kernel holds in registers: a lane keeps W / 32 query floats and rank / 32
-// accumulators (DeepSeek-V2/V3 and Kimi-K2: 576 and 512).
+// Widths the kernels hold: a lane keeps W / 32 query floats and rank / 32 accumulators in
+// registers (DeepSeek-V2/V3 and Kimi-K2: 576 and 512); rows of whole float4 (W % 4 == 0).
 inline constexpr int64_t kMlaMaxWidth = 640, kMlaMaxRank = 512;
 
 struct MlaAttnParams {
