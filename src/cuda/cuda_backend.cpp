@@ -222,18 +222,6 @@ static bool takes_grouped_experts(int64_t n_tok, const MoeStack& st) {
   return S >= kMoeGroupMinRows * st.experts && S <= kMoeSortMaxSlots;
 }
 
-// An expert stack seen as its first expert's matrix: expert mode (slots or groups) moves the
-// products to the others.
-static DeviceLinear first_expert(const DeviceExperts& x) {
-  DeviceLinear one;
-  one.type = x.type;
-  one.w = x.w;
-  one.row_bytes = x.row_bytes;
-  one.n_in = x.n_in;
-  one.n_out = x.n_out;
-  one.b = x.b;
-  return one;
-}
 
 MatmulParams CudaBackend::grouped_params(const DeviceExperts& x, const float* in, int64_t n_rows, float* y,
                                          int64_t y_stride) {
@@ -653,7 +641,8 @@ void CudaBackend::begin_batch(int64_t n_tok, int64_t pos0, std::span<KvCache* co
     snap_staging_.ensure(snap_need * sizeof(float));  // nothing in flight reads it: every batch ends with a wait
   }
   if (n_tok > kMatvecMaxTok) {
-    scratch_elems_ = matmul_scratch_elems(max_in, n_tok);
+    // (latent attention's per-head products take n_tok * n_head rows: MatmulParams::head_batch)
+    scratch_elems_ = std::max(matmul_scratch_elems(max_in, n_tok), matmul_scratch_elems(1, mla_in));
     scratch_.ensure(scratch_elems_ * 2);
   }
   // A decode step's rows take one of two halves by the parity of its position, so a step

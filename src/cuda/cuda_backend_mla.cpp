@@ -34,13 +34,24 @@ void CudaBackend::enqueue_mla(int64_t il, KvMirror& mirror, const Pending& pd, i
     norm_rows(d.q_a_norm, mla_qa_.f(), mla_qa_.f(), n, Q, Q, ln);
     matmul(d.wq_b, mla_qa_.f(), Q, q_.f(), H * dk);
   }
-  // The absorbed query [wk_b_h q_nope_h | q_pe_h] [n][H][W]: slot t * H + h of the wk_b
-  // product reads q's head row (its first nope floats) and writes the first R of its row.
+  // The absorbed query [wk_b_h q_nope_h | q_pe_h] [n][H][W]: row t * H + h of the wk_b
+  // product reads q's head row (its first nope floats) and writes the first R of its row. A
+  // decode batch's rows are slots taking head h's matrix (mla_heads_: matrix-vector kernels, a
+  // token graph's launches); a prompt batch's, one strided-batched cuBLAS call over the heads.
+  const bool batched = n > kMatvecMaxTok;
   const auto per_head = [&](const DeviceExperts& x, const float* in_rows, int64_t in_stride, float* out,
                             int64_t out_stride) {
-    MatmulParams mp = expert_params(x, in_rows, n * H, 1, out, out_stride);
-    mp.x_stride = in_stride;
-    mp.slot_expert = static_cast<const int32_t*>(mla_heads_.p);
+    MatmulParams mp;
+    if (batched) {
+      mp = matmul_params(first_expert(x), in_rows, in_stride, out, out_stride);
+      mp.n_tok = n * H;
+      mp.head_batch = H;
+      mp.expert_bytes = x.expert_bytes;
+    } else {
+      mp = expert_params(x, in_rows, n * H, 1, out, out_stride);
+      mp.x_stride = in_stride;
+      mp.slot_expert = static_cast<const int32_t*>(mla_heads_.p);
+    }
     return mp;
   };
   MatmulParams kb = per_head(d.wk_b, q_.f(), dk, mla_q_.f(), W);
@@ -58,7 +69,7 @@ void CudaBackend::enqueue_mla(int64_t il, KvMirror& mirror, const Pending& pd, i
   prep.kv_norm_w = d.kv_a_norm.w;
   prep.eps = hp.norm_eps;
   prep.q_abs = mla_q_.f();
-  kb.x_prepared = matmul_reads_q8_0(kb);  // (nope % 32 == 0 then)
+  kb.x_prepared = !batched && matmul_reads_q8_0(kb);  // (nope % 32 == 0 then)
   if (kb.x_prepared) {
     prep.q8 = q8_0_act(kb).q;
     prep.d8 = q8_0_act(kb).d;
@@ -92,7 +103,7 @@ void CudaBackend::enqueue_mla(int64_t il, KvMirror& mirror, const Pending& pd, i
   a.scale = p.attn_scale;
   a.partial = partial_.f();
   a.stream = stream_;
-  vb.x_prepared = matmul_reads_q8_0(vb);  // (R % 32 == 0 then)
+  vb.x_prepared = !batched && matmul_reads_q8_0(vb);  // (R % 32 == 0 then)
   if (vb.x_prepared) {
     a.out_q8 = q8_0_act(vb).q;
     a.out_d8 = q8_0_act(vb).d;

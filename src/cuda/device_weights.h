@@ -45,6 +45,19 @@ struct DeviceExperts {
   explicit operator bool() const { return w != nullptr; }
 };
 
+// An expert stack seen as its first expert's matrix: expert mode (slots, groups or heads) moves
+// the products to the others.
+inline DeviceLinear first_expert(const DeviceExperts& x) {
+  DeviceLinear one;
+  one.type = x.type;
+  one.w = x.w;
+  one.row_bytes = x.row_bytes;
+  one.n_in = x.n_in;
+  one.n_out = x.n_out;
+  one.b = x.b;
+  return one;
+}
+
 struct DeviceNorm {
   const float* w = nullptr;     // [n] or null
   const float* b = nullptr;     // [n] or null

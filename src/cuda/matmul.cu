@@ -18,7 +18,7 @@ namespace {
 // The matrix-vector kernels serve decode batches and every expert product (one activation
 // row per slot); other batches go to cuBLAS.
 bool takes_matvec(const MatmulParams& p) {
-  return !p.group_rows && (p.slot_expert || p.matvec_only || p.n_tok <= kMatvecMaxTok);
+  return !p.group_rows && !p.head_batch && (p.slot_expert || p.matvec_only || p.n_tok <= kMatvecMaxTok);
 }
 
 // Whether p takes cuBLAS with F16 / BF16 weights: x in their 16-bit format at the scratch's
@@ -307,6 +307,7 @@ void launch_matmuls(const MatmulParams* ps, int n) {
                              (!p.residual || matmul_adds_residual(p)) &&
                              (!p.combine_w || (n == 1 && matmul_combines_in_launch(p))) &&
                              (!p.group_rows || (!p.slot_expert && p.n_expert > 0 && p.group_ptrs)) &&
+                             (!p.head_batch || (!p.slot_expert && !p.group_rows && p.n_tok % p.head_batch == 0)) &&
                              (!p.slot_expert || (p.n_slots > 0 && p.x_div >= 1 &&
                                                  p.n_tok == (p.n_slots + p.x_div - 1) / p.x_div)) &&
                              p.x == p0.x && p.x_stride == p0.x_stride && p.n_in == p0.n_in && p.n_tok == p0.n_tok &&

@@ -95,6 +95,12 @@ struct MatmulParams {
   // (slot j's product), launch_moe_combine's sum in its order, in place of the slots' rows.
   // combine_w: [n_slots] device weights (RouteParams::weight). residual may alias y.
   const float* combine_w = nullptr;
+  // Per-head products of a prompt batch (latent attention's wk_b and wv_b): w is a stack of
+  // head_batch matrices expert_bytes apart, the n_tok rows of x and y are [token][head] (x_stride,
+  // y_stride apart), and row t * head_batch + h takes matrix h: one strided-batched cuBLAS call
+  // over the heads (x rounded as for any cuBLAS product, the stack dequantized to f16 in the
+  // scratch after x's copy). Never with bias, scale, residual, slots or groups.
+  int64_t head_batch = 0;
   // Expert rows (prompt-sized MoE batches; moe.cuh SlotSort): w is a stack of experts as for
   // slots, and the n_tok rows of x and y are in expert order, group_rows[e] of them for expert
   // e (HOST memory, n_expert entries, summing to n_tok). Each expert with rows is one product,
