@@ -1338,8 +1338,8 @@ std::vector<uintptr_t> CudaBackend::graph_key(std::span<const LayerRun> runs, in
   std::vector<uintptr_t> key{static_cast<uintptr_t>(pick_k + 1), penalties, static_cast<uintptr_t>(parity)};
   for (const DevBuf* b : {&act_, &fold_, &x_, &h_, &q_, &k_, &v_, &qkv_, &attn_, &o_, &f_, &gate_, &up_, &hidden_, &partial_,
                           &logits_, &attn_gate_, &moe_logits_, &moe_ids_, &moe_w_, &moe_gu_, &moe_hidden_, &moe_y_, &moe_sh_y_,
-                          &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_, &gdn_o_,
-                          &mla_qa_, &mla_q_, &mla_ctx_, &mla_heads_, &mb_in_, &mb_xbc_, &mb_y_})
+                          &moe_sh_g_, &moe_h_q8_, &gdn_qkv_, &gdn_conv_, &gdn_z_, &gdn_ba_, &gdn_beta_, &gdn_g_,
+                          &gdn_o_, &mla_qa_, &mla_q_, &mla_ctx_, &mla_heads_, &mb_in_, &mb_xbc_, &mb_y_})
     key.push_back(reinterpret_cast<uintptr_t>(b->p));
   key.push_back(reinterpret_cast<uintptr_t>(staging_.p));
   key.push_back(reinterpret_cast<uintptr_t>(dstage_.p));

@@ -2,9 +2,9 @@
 // cpu::mla_attention step by step on the device (see cuda_backend_impl.h; the batch, mirror and
 // graph machinery is in cuda_backend.cpp). The layer's cache holds one row [c | k_pe] a token,
 // so its mirror is a K mirror R + n_rot wide with no V, filled and copied back as any other.
-// The per-head matrices wk_b and wv_b are stacks of n_head experts: each product is one expert
-// launch with a slot per (token, head) taking head h's matrix (mla_heads_), so the query's
-// absorption and the values' decompression cost one launch each whatever the head count.
+// The per-head matrices wk_b and wv_b are stacks of n_head experts: each product is one launch
+// whatever the head count, a slot per (token, head) taking head h's matrix (mla_heads_) in a
+// decode batch, one strided-batched cuBLAS call over the heads in a prompt batch.
 #include "core/error.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/mla_attention.cuh"

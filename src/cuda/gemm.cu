@@ -251,21 +251,23 @@ void gemm_heads(const MatmulParams& p, bool x_ready) {
   const auto call = [&](const void* A, cudaDataType t, int lda, long long stride_a, const void* B, int ldb,
                         long long stride_b) {
     blas_check(cublasGemmStridedBatchedEx(p.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n_out),
-                                          static_cast<int>(n), static_cast<int>(p.n_in), &one, A, t, lda, stride_a, B, t,
-                                          ldb, stride_b, &zero, p.y, CUDA_R_32F, static_cast<int>(H * p.y_stride),
+                                          static_cast<int>(n), static_cast<int>(p.n_in), &one, A, t, lda, stride_a, B,
+                                          t, ldb, stride_b, &zero, p.y, CUDA_R_32F, static_cast<int>(H * p.y_stride),
                                           static_cast<long long>(p.y_stride), static_cast<int>(H), CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT),
                __FILE__, __LINE__);
   };
-  const long long per_head = static_cast<long long>(p.expert_bytes);
+  const long long per_head = static_cast<long long>(p.expert_bytes);  // bytes a head's matrix
   if constexpr (T == kF32) {
-    call(p.w, CUDA_R_32F, static_cast<int>(p.row_bytes / sizeof(float)), per_head / static_cast<long long>(sizeof(float)),
-         p.x, static_cast<int>(H * p.x_stride), static_cast<long long>(p.x_stride));
+    constexpr long long f = sizeof(float);
+    call(p.w, CUDA_R_32F, static_cast<int>(p.row_bytes / f), per_head / f, p.x, static_cast<int>(H * p.x_stride),
+         static_cast<long long>(p.x_stride));
   } else if constexpr (T == kF16 || T == kBF16) {
     using X = std::conditional_t<T == kF16, __half, __nv_bfloat16>;
+    constexpr long long f = sizeof(X);
     const X* xw = x_16bit<X>(p, x_ready);
-    call(p.w, T == kF16 ? CUDA_R_16F : CUDA_R_16BF, static_cast<int>(p.row_bytes / sizeof(X)),
-         per_head / static_cast<long long>(sizeof(X)), xw, static_cast<int>(H * p.n_in), static_cast<long long>(p.n_in));
+    call(p.w, T == kF16 ? CUDA_R_16F : CUDA_R_16BF, static_cast<int>(p.row_bytes / f), per_head / f, xw,
+         static_cast<int>(H * p.n_in), static_cast<long long>(p.n_in));
   } else {
     const size_t x_elems = static_cast<size_t>(p.n_in * p.n_tok), w_elems = static_cast<size_t>(H * p.n_out * p.n_in);
     FRINK_CUDA_CHECK(p.scratch_elems >= x_elems + w_elems ? cudaSuccess : cudaErrorInvalidValue);
