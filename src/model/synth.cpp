@@ -61,6 +61,13 @@ const std::vector<SynthPreset> kPresets = {
      .rope_orig_ctx = 4096, .rope_scaling = "yarn", .rope_scaling_factor = 40,
      .n_expert = 64, .n_expert_used = 6, .n_ff_exp = 1408,
      .kv_lora_rank = 512, .n_leading_dense = 1, .n_shared_exp = 2, .yarn_log_mul = 0.0707},
+    {.name = "deepseek-v3", .arch = "deepseek2", .model = "DeepSeek-V3", .family = SynthFamily::kDeepseek2,
+     .n_layer = 61, .n_embd = 7168, .n_head = 128, .n_head_kv = 1, .head_dim = 128, .n_ff = 18432,
+     .n_vocab = 129280, .n_ctx = 163840, .n_rot = 64, .rope_base = 10000, .norm_eps = 1e-6, .tied = false,
+     .rope_orig_ctx = 4096, .rope_scaling = "yarn", .rope_scaling_factor = 40,
+     .n_expert = 256, .n_expert_used = 8, .n_ff_exp = 2048,
+     .kv_lora_rank = 512, .q_lora_rank = 1536, .n_leading_dense = 3, .n_shared_exp = 1, .yarn_log_mul = 0.1,
+     .expert_gating = 2, .expert_norm = true, .expert_scale = 2.5, .n_expert_group = 8, .n_expert_group_used = 4},
     {.name = "mistral-small-24b", .arch = "mistral3", .model = "Mistral-Small-3.1-24B", .family = SynthFamily::kLlama,
      .n_layer = 40, .n_embd = 5120, .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 32768,
      .n_vocab = 131072, .n_ctx = 131072, .n_rot = 128, .rope_base = 1e9, .norm_eps = 1e-5, .tied = false},
@@ -277,6 +284,7 @@ void deepseek2_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il) {
     return;
   }
   expert_ffn(b, p, il, false);
+  if (p.expert_gating == 2) b.f32(blk_name(il, "exp_probs_b.bias"), {p.n_expert}, 0.0f, 0.02f);
   const int64_t S = p.n_ff_exp * p.n_shared_exp;
   b.in_proj(blk_name(il, "ffn_gate_shexp.weight"), {E, S}, il);
   b.in_proj(blk_name(il, "ffn_up_shexp.weight"), {E, S}, il);
@@ -385,9 +393,15 @@ void hparam_meta(const SynthPreset& p, const TypeSpec& ts, int64_t L, SynthPlan&
     set(key("attention.value_length_mla"), u32(p.head_dim));
     set(key("attention.kv_lora_rank"), u32(p.kv_lora_rank));
     if (p.q_lora_rank > 0) set(key("attention.q_lora_rank"), u32(p.q_lora_rank));
-    set(key("leading_dense_block_count"), u32(p.n_leading_dense));
+    set(key("leading_dense_block_count"), u32(std::min(p.n_leading_dense, L)));  // --layers may cut them
     set(key("expert_shared_count"), u32(p.n_shared_exp));
-    set(key("expert_weights_scale"), f32v(1.0));
+    set(key("expert_weights_scale"), f32v(p.expert_scale));
+    set(key("expert_weights_norm"), MetaValue::of_bool(p.expert_norm));
+    set(key("expert_gating_func"), u32(p.expert_gating == 0 ? 1 : p.expert_gating));
+    if (p.n_expert_group > 0) {
+      set(key("expert_group_count"), u32(p.n_expert_group));
+      set(key("expert_group_used_count"), u32(p.n_expert_group_used));
+    }
     set(key("rope.scaling.yarn_log_multiplier"), f32v(p.yarn_log_mul));
   }
   if (p.family == SynthFamily::kQwen35) {  // Qwen3.5's mrope_section [11, 11, 10], padded to 4

@@ -438,51 +438,62 @@ TEST(DeviceNormFold, FoldedDecodeMatchesHost) {
 // the host's too.
 TEST(DeviceMla, LiteShapesMatchHost) {
   FRINK_REQUIRE_GPU();
-  SynthOptions so;
-  so.preset = "deepseek-v2-lite";
-  so.type = "Q8_0";
-  so.n_layer = 2;
-  const auto path = std::filesystem::temp_directory_path() / "frink_mla_lite_q8_0.gguf";
-  write_synth(plan_synth(so), path.string(), 0);
-  const auto m = load_model(path.string());
-  for (LayerPlan& p : m->hp.layers)
-    if (p.ffn == FfnKind::kMoe) p.moe.n_group = 8, p.moe.n_group_used = 3;
-  const int64_t V = m->hp.n_vocab;
-  const int kSteps = 6;
-  const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 150, kSteps);
-  // The host's greedy choice at step i (greedy[i + 1]) is clear where its top two logits are
-  // more than 0.05 apart; the device must make every clear choice the same.
-  const auto clear = [&](int step) {
-    std::vector<float> l(host.decode.begin() + step * V, host.decode.begin() + (step + 1) * V);
-    std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<float>());
-    return l[0] - l[1] > 0.05f;
+  // deepseek-v2-lite's two layers; then deepseek-v3's first (a dense one: 128 heads, the q LoRA
+  // of 1536, 7168 wide), where the per-head tables, the 16 head blocks of the softmax and the
+  // q LoRA's norm run at the largest released widths.
+  struct Case {
+    const char* preset;
+    int64_t layers;
+    int n_prompt;
   };
-  int n_clear = 0;
-  for (int64_t il = -1; il < m->hp.n_layer; ++il)
-    for (int64_t nb : {512, 5}) {
-      if (il >= 0 && nb == 5) continue;
-      DecoderOptions o = opts(DeviceChoice::kCuda, nb);
-      o.hooks.refuse_layer = il;
-      const ModelRun dev = run_model(*m, o, 150, kSteps, &host.greedy);
-      const std::string what = "dsv2-lite-q8_0 b" + std::to_string(nb) + " refuse " + std::to_string(il);
-      const double e_pre = nmse(dev.prefill.data(), host.prefill.data(), host.prefill.size());
-      const double e_dec = nmse(dev.decode.data(), host.decode.data(), host.decode.size());
-      std::printf("[gpu] %-28s prefill nmse %.3g  decode nmse %.3g  refusals: %s\n", what.c_str(), e_pre, e_dec,
-                  dev.refusals.summary().c_str());
-      EXPECT_LT(e_pre, 3e-3) << what;
-      EXPECT_LT(e_dec, 3e-3) << what;
-      if (il < 0) {
-        EXPECT_EQ(dev.refusals.refused(), 0u) << dev.refusals.summary();
+  for (const Case c : {Case{"deepseek-v2-lite", 2, 150}, Case{"deepseek-v3", 1, 70}}) {
+    SynthOptions so;
+    so.preset = c.preset;
+    so.type = "Q8_0";
+    so.n_layer = c.layers;
+    const auto path = std::filesystem::temp_directory_path() / "frink_mla_q8_0.gguf";
+    write_synth(plan_synth(so), path.string(), 0);
+    const auto m = load_model(path.string());
+    for (LayerPlan& p : m->hp.layers)
+      if (p.ffn == FfnKind::kMoe) p.moe.n_group = 8, p.moe.n_group_used = 3;
+    const int64_t V = m->hp.n_vocab;
+    const int kSteps = 6;
+    const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), c.n_prompt, kSteps);
+    // The host's greedy choice at step i (greedy[i + 1]) is clear where its top two logits are
+    // more than 0.05 apart; the device must make every clear choice the same.
+    const auto clear = [&](int step) {
+      std::vector<float> l(host.decode.begin() + step * V, host.decode.begin() + (step + 1) * V);
+      std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<float>());
+      return l[0] - l[1] > 0.05f;
+    };
+    int n_clear = 0;
+    for (int64_t il = -1; il < m->hp.n_layer; ++il)
+      for (int64_t nb : {512, 5}) {
+        if (il >= 0 && nb == 5) continue;
+        DecoderOptions o = opts(DeviceChoice::kCuda, nb);
+        o.hooks.refuse_layer = il;
+        const ModelRun dev = run_model(*m, o, c.n_prompt, kSteps, &host.greedy);
+        const std::string what =
+            std::string(c.preset) + " q8_0 b" + std::to_string(nb) + " refuse " + std::to_string(il);
+        const double e_pre = nmse(dev.prefill.data(), host.prefill.data(), host.prefill.size());
+        const double e_dec = nmse(dev.decode.data(), host.decode.data(), host.decode.size());
+        std::printf("[gpu] %-34s prefill nmse %.3g  decode nmse %.3g  refusals: %s\n", what.c_str(), e_pre, e_dec,
+                    dev.refusals.summary().c_str());
+        EXPECT_LT(e_pre, 3e-3) << what;
+        EXPECT_LT(e_dec, 3e-3) << what;
+        if (il < 0) {
+          EXPECT_EQ(dev.refusals.refused(), 0u) << dev.refusals.summary();
+        }
+        for (int step = 0; step < kSteps; ++step) {
+          const size_t i = static_cast<size_t>(step) + 1;
+          if (!clear(step)) continue;
+          ++n_clear;
+          EXPECT_EQ(dev.greedy[i], host.greedy[i]) << what << " step " << step;
+        }
       }
-      for (int step = 0; step < kSteps; ++step) {
-        const size_t i = static_cast<size_t>(step) + 1;
-        if (!clear(step)) continue;
-        ++n_clear;
-        EXPECT_EQ(dev.greedy[i], host.greedy[i]) << what << " step " << step;
-      }
-    }
-  EXPECT_GT(n_clear, 0);  // not vacuous
-  std::filesystem::remove(path);
+    EXPECT_GT(n_clear, 0) << c.preset;  // not vacuous
+    std::filesystem::remove(path);
+  }
 }
 
 #ifdef FRINK_HAVE_CUDA

@@ -44,7 +44,7 @@ TEST(Synth, EveryPresetPlansAndCountsParameters) {
       {"llama3.2-1b", {1.2, 1.3}},       {"llama3.1-8b", {8.0, 8.1}},   {"qwen3-0.6b", {0.55, 0.65}},
       {"qwen3-8b", {8.1, 8.3}},          {"qwen3-30b-a3b", {30.4, 30.6}}, {"qwen3-next-80b-a3b", {79, 81.5}},
       {"qwen3.5-9b", {8.9, 9.7}},        {"gpt-oss-20b", {20.8, 21.0}}, {"gemma3-12b", {11.7, 12.0}},
-      {"mistral-small-24b", {23.5, 23.7}}, {"deepseek-v2-lite", {15.6, 15.8}}};
+      {"mistral-small-24b", {23.5, 23.7}}, {"deepseek-v2-lite", {15.6, 15.8}}, {"deepseek-v3", {670, 672}}};
   ASSERT_EQ(synth_presets().size(), approx_b.size());
   for (const auto& p : synth_presets()) {
     const SynthPlan pl = plan(std::string(p.name), "Q4_0");
@@ -119,8 +119,9 @@ TEST(Synth, QwenMoeAndHybridLayoutsMatchLlamaCpp) {
 }
 
 // DeepSeek-V2-Lite: latent attention in llama.cpp's split layout (no q LoRA), one leading
-// dense layer, then 64 experts with two shared ones, and the heads' widths under the _mla keys.
-TEST(Synth, DeepseekLiteLayoutMatchesLlamaCpp) {
+// dense layer, then 64 experts with two shared ones, and the heads' widths under the _mla keys;
+// DeepSeek-V3's q LoRA and routing below.
+TEST(Synth, DeepseekLayoutsMatchLlamaCpp) {
   const SynthPlan pl = plan("deepseek-v2-lite", "Q8_0", 2);
   const auto m = by_name(pl);
   expect_tensor(m, "blk.0.attn_q.weight", {2048, 3072});  // 16 heads x (128 + 64)
@@ -143,6 +144,24 @@ TEST(Synth, DeepseekLiteLayoutMatchesLlamaCpp) {
   EXPECT_EQ(meta["deepseek2.attention.value_length"], 512);
   EXPECT_EQ(meta["deepseek2.attention.key_length_mla"], 192);
   EXPECT_EQ(meta["deepseek2.attention.value_length_mla"], 128);
+  // DeepSeek-V3: the q LoRA, three dense layers, sigmoid routing with its selection bias over
+  // 8 groups keeping 4, one shared expert as wide as a routed one.
+  const SynthPlan v3 = plan("deepseek-v3", "Q4_0", 4);
+  const auto m3 = by_name(v3);
+  expect_tensor(m3, "blk.0.attn_q_a.weight", {7168, 1536});
+  expect_tensor(m3, "blk.0.attn_q_a_norm.weight", {1536});
+  expect_tensor(m3, "blk.0.attn_q_b.weight", {1536, 24576});  // 128 heads x (128 + 64)
+  expect_tensor(m3, "blk.2.ffn_down.weight", {18432, 7168});
+  expect_tensor(m3, "blk.3.ffn_gate_exps.weight", {7168, 2048, 256});
+  expect_tensor(m3, "blk.3.exp_probs_b.bias", {256});
+  expect_tensor(m3, "blk.3.ffn_up_shexp.weight", {7168, 2048});
+  EXPECT_EQ(m3.count("blk.0.attn_q.weight"), 0u);
+  std::map<std::string, int64_t> routing;
+  for (const auto& [k, v] : v3.meta)
+    if (k.rfind("deepseek2.expert_g", 0) == 0) routing[k] = v.as_int();
+  EXPECT_EQ(routing["deepseek2.expert_gating_func"], 2);
+  EXPECT_EQ(routing["deepseek2.expert_group_count"], 8);
+  EXPECT_EQ(routing["deepseek2.expert_group_used_count"], 4);
 }
 
 TEST(Synth, GptOssExpertsAreMxfp4) {
