@@ -78,9 +78,11 @@ Refusal placed_as(const std::vector<Refusal>& r, int64_t il) { return r[static_c
 // Pure, so CI checks it.
 TEST(DevicePlacement, TheHeadThenTheLastLayersThatFit) {
   FRINK_REQUIRE_SHARED();
-  // stories260K: 5 attention layers; granite: a Mamba-2 layer after an attention one.
+  // stories260K: 5 attention layers; granite: a Mamba-2 layer after an attention one; deepseek2:
+  // latent attention, whose mirror is one 576-float row a token.
   for (const auto& path : {shared_testdata() / "models" / "stories260K.gguf",
-                           shared_testdata() / "llamacpp" / "archs" / "granitehybrid-dense.gguf"}) {
+                           shared_testdata() / "llamacpp" / "archs" / "granitehybrid-dense.gguf",
+                           shared_testdata() / "llamacpp" / "archs" / "deepseek2-moe.gguf"}) {
     const std::string name = path.stem().string();
     const auto m = load_model(path.string());
     const int64_t n = m->hp.n_layer;
