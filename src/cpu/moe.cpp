@@ -182,7 +182,7 @@ void route_token(const MoePlan& mp, float* logits, const float* bias, int32_t* c
   for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
   std::vector<float> sel(static_cast<size_t>(E));  // selection scores: probs (+ exp_probs_b)
   for (int64_t e = 0; e < E; ++e) sel[static_cast<size_t>(e)] = bias ? probs[e] + bias[e] : probs[e];
-  if (mp.n_group > 1 && mp.n_group_used < mp.n_group) mask_groups(mp, sel.data());
+  if (mp.group_limited()) mask_groups(mp, sel.data());
   auto score = [&](int32_t e) { return sel[static_cast<size_t>(e)]; };
   std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
     const float sa = score(a), sb = score(b);

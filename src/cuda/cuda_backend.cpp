@@ -222,7 +222,6 @@ static bool takes_grouped_experts(int64_t n_tok, const MoeStack& st) {
   return S >= kMoeGroupMinRows * st.experts && S <= kMoeSortMaxSlots;
 }
 
-
 MatmulParams CudaBackend::grouped_params(const DeviceExperts& x, const float* in, int64_t n_rows, float* y,
                                          int64_t y_stride) {
   MatmulParams p = matmul_params(first_expert(x), in, x.n_in, y, y_stride);
@@ -320,7 +319,7 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   r.gating = mp.gating == ExpertGating::kSoftmax ? 0 : mp.gating == ExpertGating::kSigmoid ? 1 : 2;
   r.norm_w = mp.norm_w;
   r.w_scale = mp.w_scale;
-  if (mp.n_group > 1 && mp.n_group_used < mp.n_group) {  // (the host's condition for masking)
+  if (mp.group_limited()) {
     r.n_group = static_cast<int>(mp.n_group);
     r.n_group_used = static_cast<int>(mp.n_group_used);
   }

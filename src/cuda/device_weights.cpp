@@ -28,7 +28,7 @@ bool experts_ok(const Experts& x) { return !x || matmul_supported(static_cast<in
 // What the device MoE path (cuda/moe.cuh) does not do; the host runs such layers.
 bool moe_ok(const LayerPlan& p, const LayerWeights& w) {
   const MoePlan& mp = p.moe;
-  if (mp.n_group > 32 && mp.n_group_used < mp.n_group) return false;  // route_token's groups: a lane each
+  if (mp.group_limited() && mp.n_group > 32) return false;  // route_token's groups: a lane each
   if (mp.n_expert > kMoeMaxExperts || mp.n_expert_used > 32 || mp.n_expert_used < 1) return false;
   if (!w.ffn_gate_inp || !w.ffn_down_exps || !(w.ffn_gate_up_exps || (w.ffn_gate_exps && w.ffn_up_exps))) return false;
   for (const Experts* x : {&w.ffn_gate_exps, &w.ffn_up_exps, &w.ffn_gate_up_exps, &w.ffn_down_exps})

@@ -55,6 +55,8 @@ struct MoePlan {
   // groups, a group scores the sum of its best two (biased) probabilities, and only the
   // best n_group_used groups' experts may be chosen. 0 = off.
   int64_t n_group = 0, n_group_used = 0;
+  // Whether the groups limit the choice at all (more than one, not all of them kept).
+  bool group_limited() const { return n_group > 1 && n_group_used < n_group; }
 };
 
 struct RopeParams {

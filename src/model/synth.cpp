@@ -397,7 +397,7 @@ void hparam_meta(const SynthPreset& p, const TypeSpec& ts, int64_t L, SynthPlan&
     set(key("expert_shared_count"), u32(p.n_shared_exp));
     set(key("expert_weights_scale"), f32v(p.expert_scale));
     set(key("expert_weights_norm"), MetaValue::of_bool(p.expert_norm));
-    set(key("expert_gating_func"), u32(p.expert_gating == 0 ? 1 : p.expert_gating));
+    set(key("expert_gating_func"), u32(p.expert_gating));
     if (p.n_expert_group > 0) {
       set(key("expert_group_count"), u32(p.n_expert_group));
       set(key("expert_group_used_count"), u32(p.n_expert_group_used));

@@ -52,9 +52,9 @@ struct SynthPreset {
   // the shared experts (each n_ff_exp wide).
   int64_t kv_lora_rank = 0, q_lora_rank = 0, n_leading_dense = 0, n_shared_exp = 0;
   double yarn_log_mul = 0;  // rope.scaling.yarn_log_multiplier (0.1 * mscale_all_dim)
-  // DeepSeek's routing: expert_gating_func (0: softmax as V2, 2: sigmoid with an exp_probs_b
-  // selection bias, V3), expert_weights_norm / _scale, and group-limited top-k (0: none).
-  int expert_gating = 0;
+  // DeepSeek's routing: expert_gating_func as the file writes it (1: softmax, V2; 2: sigmoid with
+  // an exp_probs_b selection bias, V3), expert_weights_norm / _scale, group-limited top-k (0: none).
+  int expert_gating = 1;
   bool expert_norm = false;
   double expert_scale = 1.0;
   int64_t n_expert_group = 0, n_expert_group_used = 0;
