@@ -205,13 +205,12 @@ std::string CudaBackend::describe() const {
 }
 
 // A MoE layer's slots a token and its stacks' experts: the routed ones, and one more of each
-// where the shared expert is stacked with them (DeviceLayer::shexp_stacked).
+// where the shared expert is stacked with them (DeviceLayer::shexp_slots).
 struct MoeStack {
   int64_t slots, experts;
 };
 static MoeStack moe_stack(const MoePlan& mp, const DeviceLayer& d) {
-  const int64_t s = d.shexp_stacked ? 1 : 0;
-  return {mp.n_expert_used + s, mp.n_expert + s};
+  return {mp.n_expert_used + d.shexp_slots, mp.n_expert + d.shexp_slots};
 }
 
 // Whether an n_tok batch takes a MoE layer's expert products grouped by expert
@@ -315,7 +314,8 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   r.n_tok = n;
   r.n_expert = mp.n_expert;
   r.k = mp.n_expert_used;
-  r.shared = !d.shexp_stacked ? 0 : d.router.n_out > mp.n_expert ? 2 : 1;
+  r.n_shared = static_cast<int>(d.shexp_slots);
+  r.shared_gated = d.shexp_slots > 0 && d.router.n_out > mp.n_expert;
   r.gating = mp.gating == ExpertGating::kSoftmax ? 0 : mp.gating == ExpertGating::kSigmoid ? 1 : 2;
   r.norm_w = mp.norm_w;
   r.w_scale = mp.w_scale;
@@ -338,7 +338,7 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   }
   // The combine in the down's launch takes the routed experts alone (a shared expert of its own
   // adds its product in combine_experts).
-  const bool own_shared = mp.n_ff_shexp > 0 && !d.shexp_stacked;
+  const bool own_shared = mp.n_ff_shexp > 0 && d.shexp_slots == 0;
   bool combined = false;
   if (grouped) {
     moe_grouped_experts(p, d, h);
@@ -445,9 +445,9 @@ void CudaBackend::combine_experts(const LayerPlan& p, const DeviceLayer& d, cons
   const MoePlan& mp = p.moe;
   const int64_t E = m_.hp.n_embd, n = n_tok_, k = moe_stack(mp, d).slots;
   // the shared expert: down(silu(gate h) * up h) [* sigmoid(gate_inp_shexp h)]; stacked, it
-  // was slot k - 1 of the routed experts' products (its weight the routing's).
+  // was the last slots of the routed experts' products (their weights the routing's).
   CombineParams c;
-  if (mp.n_ff_shexp > 0 && !d.shexp_stacked) {
+  if (mp.n_ff_shexp > 0 && d.shexp_slots == 0) {
     const int64_t Fs = mp.n_ff_shexp;
     MatmulParams gu[2] = {matmul_params(d.gate_shexp, h, E, gate_.f(), Fs), matmul_params(d.up_shexp, h, E, up_.f(), Fs)};
     // Where both read the blocks the routed experts read (Q8_0, or Q8_K for Q4_K and Q6_K

@@ -1,7 +1,7 @@
 #include "cuda/device_weights.h"
 
 #include <algorithm>
-#include <initializer_list>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -39,48 +39,58 @@ bool moe_ok(const LayerPlan& p, const LayerWeights& w) {
   return mp.n_ff_shexp == 0 || (w.ffn_gate_shexp && w.ffn_up_shexp && w.ffn_down_shexp);
 }
 
-// The stacks a shared expert joins (stacks_shared_expert): gate and up (or the fused gate_up,
-// the shared gate's rows then its up's), down; each with the shared matrices it takes and the
-// DeviceLayer stack it becomes.
+// The stacks a shared expert joins (shared_expert_slots): gate and up (or the fused gate_up,
+// the shared gate's rows then its up's), their rows; down, its columns (by_columns). Each with
+// the shared matrices it takes and the DeviceLayer stack it becomes.
 struct SharedStack {
   const Experts* x;
   const Linear* part[2];  // part[1] null but for the fused gate_up
   DeviceExperts DeviceLayer::*to;
+  bool by_columns = false;
 };
 std::vector<SharedStack> shared_stacks(const LayerWeights& w) {
   if (w.ffn_gate_up_exps)
     return {{&w.ffn_gate_up_exps, {&w.ffn_gate_shexp, &w.ffn_up_shexp}, &DeviceLayer::gate_up_exps},
-            {&w.ffn_down_exps, {&w.ffn_down_shexp, nullptr}, &DeviceLayer::down_exps}};
+            {&w.ffn_down_exps, {&w.ffn_down_shexp, nullptr}, &DeviceLayer::down_exps, true}};
   return {{&w.ffn_gate_exps, {&w.ffn_gate_shexp, nullptr}, &DeviceLayer::gate_exps},
           {&w.ffn_up_exps, {&w.ffn_up_shexp, nullptr}, &DeviceLayer::up_exps},
-          {&w.ffn_down_exps, {&w.ffn_down_shexp, nullptr}, &DeviceLayer::down_exps}};
+          {&w.ffn_down_exps, {&w.ffn_down_shexp, nullptr}, &DeviceLayer::down_exps, true}};
 }
 
-// Whether a (device-run) MoE layer's shared expert can be uploaded as one more expert of the
-// routed stacks, so that it runs as slot k of every token inside the routed experts' launches
-// rather than as four launches of its own after them (gate|up, GLU and down, its gate;
-// qwen3-next-80b-a3b Q4_K_M, 8 layers, tg128 graph 0.878 -> 0.821 ms a token, H200, one call):
-// the shared matrices of the routed ones' type and shape, no bias on either, one scale for
-// the parts of a fused gate_up, a slot left under the routing's 32, the plain SwiGLU (the
-// shared expert never takes gpt-oss's), and, when gated, an F32 router without bias or scale
-// that takes the gate's row as its row n_expert.
-bool stacks_shared_expert(const LayerPlan& p, const LayerWeights& w) {
+// How many experts of the routed stacks a (device-run) MoE layer's shared expert can be
+// uploaded as (0: none), so that it runs as slots k.. of every token inside the routed
+// experts' launches rather than as four launches of its own after them (gate|up, GLU and
+// down, its gate; qwen3-next-80b-a3b Q4_K_M, 8 layers, tg128 graph 0.878 -> 0.821 ms a token,
+// H200, one call). A shared expert n times as wide as a routed one (DeepSeek-V2's 2 x 1408,
+// qwen2moe's 4 x 1408) is n of them: its gate and up split by rows, its down by columns (at
+// block boundaries), the n down products summed by the combine. It needs the shared matrices
+// of the routed ones' type, no bias on either, one scale for the parts of a fused gate_up, the
+// slots within the routing's 32, the plain SwiGLU (the shared expert never takes gpt-oss's),
+// and, when gated, an F32 router without bias or scale that takes the gate's row as its row
+// n_expert.
+int64_t shared_expert_slots(const LayerPlan& p, const LayerWeights& w) {
   const MoePlan& mp = p.moe;
-  if (mp.n_ff_shexp == 0 || mp.n_ff_shexp != mp.n_ff_exp || mp.n_expert_used >= 32 || mp.swiglu_oai) return false;
+  if (mp.n_ff_shexp == 0 || mp.n_ff_exp <= 0 || mp.n_ff_shexp % mp.n_ff_exp != 0 || mp.swiglu_oai) return 0;
+  const int64_t n = mp.n_ff_shexp / mp.n_ff_exp;
+  if (mp.n_expert_used + n > 32) return 0;
   for (const SharedStack& st : shared_stacks(w)) {
     const Experts& x = *st.x;
-    if (!x || x.b) return false;
+    if (!x || x.b) return 0;
+    // by rows: the parts' rows are n experts' (of n_in each); by columns: a row of the part
+    // is n experts' rows, each whole blocks.
     int64_t rows = 0;
     for (const Linear* l : st.part) {
       if (!l) continue;
-      if (!*l || l->b || l->w->type != x.w->type || l->n_in() != x.n_in() || l->scale != st.part[0]->scale) return false;
+      if (!*l || l->b || l->w->type != x.w->type || l->scale != st.part[0]->scale) return 0;
+      if (l->n_in() != (st.by_columns ? n * x.n_in() : x.n_in())) return 0;
       rows += l->n_out();
     }
-    if (rows != x.n_out()) return false;
+    if (rows != (st.by_columns ? x.n_out() : n * x.n_out())) return 0;
+    if (st.by_columns && x.n_in() % ggml_type_info(x.w->type).block_elems != 0) return 0;
   }
-  if (!mp.shexp_gate) return true;
+  if (!mp.shexp_gate) return n;
   const Linear& r = w.ffn_gate_inp;
-  return w.ffn_gate_inp_shexp && r.w->type == GgmlType::F32 && !r.b && r.scale == 1.0f;
+  return w.ffn_gate_inp_shexp && r.w->type == GgmlType::F32 && !r.b && r.scale == 1.0f ? n : 0;
 }
 
 // A recurrent layer: gated delta nets run (cuda/delta_net.cuh) when their head width and
@@ -257,10 +267,11 @@ void DeviceWeights::upload_layer(const Model& m, int64_t il, bool stack_shared) 
   if (p.ffn == FfnKind::kMoe) {
     const int64_t n_exp = p.moe.n_expert;
     d.exp_probs_b = upload_vec(w.exp_probs_b, n_exp);
-    d.shexp_stacked = stack_shared && stacks_shared_expert(p, w);
-    if (d.shexp_stacked) {
+    d.shexp_slots = stack_shared ? shared_expert_slots(p, w) : 0;
+    if (d.shexp_slots > 0) {
       if (!fill_) ++shared_stacked_;
-      for (const SharedStack& st : shared_stacks(w)) d.*st.to = experts_and(*st.x, n_exp, st.part[0], st.part[1]);
+      for (const SharedStack& st : shared_stacks(w))
+        d.*st.to = experts_and(*st.x, n_exp, d.shexp_slots, st.part[0], st.part[1], st.by_columns);
       if (p.moe.shexp_gate) {  // the gate's row after the experts' (F32 rows, no bias)
         d.router.type = static_cast<int>(GgmlType::F32);
         d.router.row_bytes = static_cast<size_t>(hp.n_embd) * sizeof(float);
@@ -481,29 +492,47 @@ DeviceExperts DeviceWeights::experts(const Experts& x, int64_t n_expert) {
   return d;
 }
 
-DeviceExperts DeviceWeights::experts_and(const Experts& x, int64_t n_expert, const Linear* a, const Linear* b) {
+DeviceExperts DeviceWeights::experts_and(const Experts& x, int64_t n_expert, int64_t n_more, const Linear* a,
+                                         const Linear* b, bool by_columns) {
   DeviceExperts d;
   d.type = static_cast<int>(x.w->type);
   d.row_bytes = x.w->row_bytes();
   d.n_in = x.n_in();
   d.n_out = x.n_out();
   d.expert_bytes = d.row_bytes * static_cast<size_t>(d.n_out);
-  const auto bytes = [&](const Linear* l) { return l ? d.row_bytes * static_cast<size_t>(l->n_out()) : size_t{0}; };
-  d.w = upload_joined({{x.w->data, d.expert_bytes * static_cast<size_t>(n_expert)},
-                       {a->w->data, bytes(a)},
-                       {b ? b->w->data : nullptr, bytes(b)}});
-  d.type = device_layout(d.w, d.expert_bytes * static_cast<size_t>(n_expert) + bytes(a) + bytes(b), d.type, d.n_in);
+  std::vector<std::pair<const void*, size_t>> parts = {{x.w->data, d.expert_bytes * static_cast<size_t>(n_expert)}};
+  std::vector<char> cols;  // by_columns: a's rows cut into n_more experts' rows
+  const auto* pa = reinterpret_cast<const char*>(a->w->data);
+  const size_t a_row = a->w->row_bytes();
+  if (by_columns) {
+    cols.resize(d.expert_bytes * static_cast<size_t>(n_more));
+    for (int64_t j = 0; j < n_more; ++j)
+      for (int64_t r = 0; r < d.n_out; ++r)
+        std::memcpy(cols.data() + static_cast<size_t>(j * d.n_out + r) * d.row_bytes,
+                    pa + static_cast<size_t>(r) * a_row + static_cast<size_t>(j) * d.row_bytes, d.row_bytes);
+    parts.emplace_back(cols.data(), cols.size());
+  } else if (!b) {  // a's rows are the n_more experts' in order
+    parts.emplace_back(pa, a_row * static_cast<size_t>(a->n_out()));
+  } else {  // a fused gate_up: expert j is a's j-th share of rows, then b's
+    const size_t share = a_row * static_cast<size_t>(a->n_out() / n_more);
+    for (int64_t j = 0; j < n_more; ++j) {
+      parts.emplace_back(pa + static_cast<size_t>(j) * share, share);
+      parts.emplace_back(reinterpret_cast<const char*>(b->w->data) + static_cast<size_t>(j) * share, share);
+    }
+  }
+  d.w = upload_joined(parts, !cols.empty());
+  d.type = device_layout(d.w, d.expert_bytes * static_cast<size_t>(n_expert + n_more), d.type, d.n_in);
   if (x.scale || a->scale != 1.0f) {  // the stacked expert's scale: its matrices' one
-    std::vector<float> s(static_cast<size_t>(n_expert) + 1, 1.0f);
+    std::vector<float> s(static_cast<size_t>(n_expert + n_more), a->scale);
     if (x.scale) std::copy(x.scale, x.scale + n_expert, s.begin());
-    s.back() = a->scale;
+    else std::fill(s.begin(), s.begin() + n_expert, 1.0f);
     d.scale = upload_values(s);
   }
   return d;
 }
 
 // Never shared through uploaded_: the joined copy is no part's own.
-const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const void*, size_t>> parts) {
+const void* DeviceWeights::upload_joined(const std::vector<std::pair<const void*, size_t>>& parts, bool temporary) {
   size_t n = 0;
   for (const auto& [p, bytes] : parts) n += bytes;
   if (fill_) {
@@ -513,6 +542,9 @@ const void* DeviceWeights::upload_joined(std::initializer_list<std::pair<const v
       if (d && bytes) fill_copy(d + at, p, bytes);
       at += bytes;
     }
+    // A temporary part must have left before its caller frees it: the stage ring copies it
+    // before fill_copy returns, a pageable cudaMemcpyAsync may not.
+    if (temporary && d && !(fill_->copy && *fill_->copy)) FRINK_CUDA_CHECK(cudaStreamSynchronize(fill_->stream));
     return d;
   }
   void* d = nullptr;

@@ -79,10 +79,10 @@ struct DeviceLayer {
   DeviceExperts gate_exps, up_exps, gate_up_exps, down_exps;
   DeviceLinear gate_shexp, up_shexp, down_shexp;
   DeviceLinear gate_inp_shexp;          // the shared expert's gate logit: n_embd -> 1 (f32)
-  // The shared expert stacked as expert n_expert of gate_exps / up_exps / down_exps (its own
-  // linears then null), run as slot k of every token; when gated, its gate logit is the
-  // router's row n_expert (stacks_shared_expert).
-  bool shexp_stacked = false;
+  // The shared expert stacked as experts n_expert.. of gate_exps / up_exps / down_exps, this
+  // many (its own linears then null; 0: not stacked), run as slots k.. of every token; when
+  // gated, its gate logit is the router's row n_expert (shared_expert_slots).
+  int64_t shexp_slots = 0;
   // Recurrent layers: gated delta net (plan.recurrent == kGatedDeltaNet) and Mamba-2 (ssm_in,
   // conv, dt_b, a, d, norm, out); C = conv_channels, model/weights.h
   DeviceLinear ssm_in;                  // Mamba-2: n_embd -> z | xBC | dt (d_inner + C + n_v_head)
@@ -121,7 +121,7 @@ class DeviceWeights {
  public:
   // Uploads each layer, and the head, placed kNone (placed: n_layer + 1 entries, as
   // place_layers gives); stack_shared: shared experts stacked with the routed ones where they
-  // fit (DeviceLayer::shexp_stacked).
+  // fit (DeviceLayer::shexp_slots).
   DeviceWeights(const Model& m, std::span<const Refusal> placed, bool stack_shared = true);
   // What each layer's upload takes, and the head's (il == n_layer, with the token embedding a
   // token graph reads), counted by the same code with nothing allocated (counted): no device
@@ -150,7 +150,7 @@ class DeviceWeights {
   DeviceLinear token_embd;
   const float* rope_freqs = nullptr;
   size_t bytes() const { return bytes_; }
-  int64_t shared_stacked() const { return shared_stacked_; }  // layers with shexp_stacked
+  int64_t shared_stacked() const { return shared_stacked_; }  // layers with shexp_slots
 
  private:
   DeviceWeights() = default;  // counted's: a fill without a slot
@@ -165,10 +165,13 @@ class DeviceWeights {
   const float* upload_values(const std::vector<float>& v);  // computed here, never shared
   DeviceLinear linear(const Linear& l);
   DeviceExperts experts(const Experts& x, int64_t n_expert);
-  // A stack of n_expert + 1 experts: x's, then one more made of a's rows followed by b's (b
-  // may be null; x's type, their rows x's n_out), scaled by a's scale.
-  DeviceExperts experts_and(const Experts& x, int64_t n_expert, const Linear* a, const Linear* b);
-  const void* upload_joined(std::initializer_list<std::pair<const void*, size_t>> parts);
+  // A stack of n_expert + n_more experts: x's, then n_more made of a (x's type), scaled by a's
+  // scale: a's rows in n_more shares, each followed by b's same share (b may be null); or
+  // by_columns, a's rows cut into n_more column ranges (x's n_in each), one expert each.
+  DeviceExperts experts_and(const Experts& x, int64_t n_expert, int64_t n_more, const Linear* a, const Linear* b,
+                            bool by_columns);
+  // temporary: some part is the caller's, gone when this returns.
+  const void* upload_joined(const std::vector<std::pair<const void*, size_t>>& parts, bool temporary = false);
   DeviceNorm norm(const Norm& n, int64_t len);
   // The type id matrix d (n_bytes, rows of n_in) is kept as, reordered for it if need be.
   int device_layout(const void* d, size_t n_bytes, int type, int64_t n_in);

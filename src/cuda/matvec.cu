@@ -1815,7 +1815,7 @@ bool matmul_takes_folded_norm(int type, int64_t n_in, bool neox_rope) {
 bool matmul_routes_in_launch(const MatmulParams& p, const RouteParams& r) {
   return p.type == kQ4_0X8 && p.n_in <= mm::kNarrowMaxIn && p.slot_expert && p.act_round && p.n_tok == 1 && !p.rope &&
          r.n_tok == 1 && route_params_ok(r) && r.n_expert <= kRouteInLaunchMaxExperts &&
-         p.n_slots == r.k + (r.shared != 0);
+         p.n_slots == r.k + r.n_shared;
 }
 
 }  // namespace frink::cuda

@@ -121,8 +121,8 @@ void launch_slot_rows(float* dst, const float* src, int64_t width, const int32_t
 }
 
 bool route_params_ok(const RouteParams& p) {
-  return p.n_expert > 0 && p.n_expert <= kMoeMaxExperts && p.k > 0 && p.k + (p.shared != 0) <= kMaxUsed &&
-         p.k <= p.n_expert && p.gating >= 0 && p.gating <= 2 && p.shared >= 0 && p.shared <= 2 &&
+  return p.n_expert > 0 && p.n_expert <= kMoeMaxExperts && p.k > 0 && p.n_shared >= 0 && p.k + p.n_shared <= kMaxUsed &&
+         p.k <= p.n_expert && p.gating >= 0 && p.gating <= 2 &&
          (p.n_group <= 1 || (p.n_group <= 32 && p.n_expert % p.n_group == 0 && p.n_group_used >= 1 &&
                              p.n_group_used * (p.n_expert / p.n_group) >= p.k));
 }

@@ -12,30 +12,34 @@
 namespace frink::cuda {
 
 inline constexpr int64_t kMoeMaxExperts = 512;  // experts a routing warp holds (16 per lane)
-// A stack's experts at most: the routed ones and a stacked shared expert (RouteParams::shared).
-inline constexpr int64_t kMoeMaxStack = kMoeMaxExperts + 1;
+// A stack's experts at most: the routed ones and the stacked shared expert's slots
+// (RouteParams::n_shared; the routing's 32 slots hold them and at least one routed).
+inline constexpr int64_t kMoeMaxStack = kMoeMaxExperts + 31;
 
 struct RouteParams {
-  const float* logits = nullptr;    // [n_tok][n_expert (+ 1: shared == 2)]: the router's output (its bias included)
+  const float* logits = nullptr;    // [n_tok][n_expert (+ 1: shared_gated)]: the router's output (its bias included)
   const float* sel_bias = nullptr;  // [n_expert] exp_probs_b, or null: ranks, never weighs
   int64_t n_tok = 0, n_expert = 0, k = 0;
   int gating = 0;                   // ExpertGating: 0 softmax, 1 sigmoid, 2 softmax of the k chosen
   bool norm_w = false;              // weights / max(sum, 6.1e-5)
   float w_scale = 1.0f;             // then * w_scale (0 or 1: none)
-  // A shared expert stacked as expert n_expert (DeviceLayer::shexp_stacked) takes slot k of
-  // every token: 0 none, 1 weight 1, 2 weight sigmoid(logit n_expert) (the router's extra row).
-  int shared = 0;
+  // A shared expert stacked as experts n_expert .. n_expert + n_shared - 1 (DeviceLayer::
+  // shexp_slots: one as wide as n_shared routed ones, split by rows) takes slots k .. k +
+  // n_shared - 1 of every token, each weighted 1, or, shared_gated, sigmoid(logit n_expert)
+  // (the router's extra row): the slots' down products add up to the whole expert's.
+  int n_shared = 0;
+  bool shared_gated = false;
   // Group-limited routing (DeepSeek-V3's n_group / topk_group; MoePlan): only the experts of
   // the best n_group_used of n_group groups may be chosen. n_group 0 or 1: off.
   int n_group = 0, n_group_used = 0;
-  int32_t* expert = nullptr;        // out [n_tok][k (+ 1: shared)]: chosen experts, best first, ties to the lower id
-  float* weight = nullptr;          // out [n_tok][k (+ 1: shared)]
+  int32_t* expert = nullptr;        // out [n_tok][k + n_shared]: chosen experts, best first, ties to the lower id
+  float* weight = nullptr;          // out [n_tok][k + n_shared]
   cudaStream_t stream = nullptr;
 };
 // One warp per token, the host's route_token step for step (group-limited routing included).
 void launch_route(const RouteParams& p);
 // Whether route_token can run p (launch_route's and MatmulParams::route's check): 1 to
-// kMoeMaxExperts experts, 1 to n_expert chosen, slots (k + a stacked shared expert) within
+// kMoeMaxExperts experts, 1 to n_expert chosen, slots (k + n_shared) within
 // route_token's arrays, a known gating and shared mode, at most 32 groups (a lane each)
 // dividing the experts.
 bool route_params_ok(const RouteParams& p);

@@ -197,7 +197,7 @@ __device__ __forceinline__ double lanes_sum_in_order(float v, int k) {
   return sum;
 }
 
-// One warp routes token t, kPer experts a lane. slot_out (may be null): the token's k (+ shared)
+// One warp routes token t, kPer experts a lane. slot_out (may be null): the token's k + n_shared
 // slot experts go there (lane j writes slot j); store: they and their weights go to p.expert and
 // p.weight. Each top-k round takes the warp's largest key (two redux) and its owner drops it;
 // lane j keeps round j's expert, so the end (the chosen's softmax, the weights' normalization,
@@ -206,7 +206,7 @@ __device__ __forceinline__ double lanes_sum_in_order(float v, int k) {
 template <int kPer>
 __device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, int32_t* slot_out, bool store) {
   const int lane = threadIdx.x % 32, E = static_cast<int>(p.n_expert), k = static_cast<int>(p.k);
-  const float* lg = p.logits + t * (p.n_expert + (p.shared == 2));
+  const float* lg = p.logits + t * (p.n_expert + p.shared_gated);
   float prob[kPer];
   const ProbScale ps = route_probs<kPer>(p, lg, lane, prob);
   uint64_t key[kPer];
@@ -224,9 +224,10 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, int
     for (int i = 0; i + 1 < kPer; ++i) key[i] = won ? key[i + 1] : key[i];
     key[kPer - 1] = won ? 0 : key[kPer - 1];
   }
+  const int slots = k + p.n_shared;
   if (slot_out) {
     if (lane < k) slot_out[lane] = mine;
-    if (p.shared && lane == 0) slot_out[k] = E;
+    if (lane >= k && lane < slots) slot_out[lane] = E + lane - k;
   }
   if (!store) return;
   float w = lane < k ? prob_of(p, lg[mine], ps) : 0.0f;
@@ -239,14 +240,12 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, int
   }
   if (p.norm_w) w /= fmaxf(static_cast<float>(lanes_sum_in_order(w, k)), kMinWeightSum);  // ggml_sum_rows: a ggml_float sum
   if (p.w_scale != 0.0f && p.w_scale != 1.0f) w *= p.w_scale;
-  const int64_t slots = k + (p.shared != 0);
   if (lane < k) {
     p.expert[t * slots + lane] = mine;
     p.weight[t * slots + lane] = w;
-  }
-  if (p.shared && lane == 0) {
-    p.expert[t * slots + k] = E;
-    p.weight[t * slots + k] = p.shared == 2 ? shared_gate_weight(lg[E]) : 1.0f;
+  } else if (lane < slots) {
+    p.expert[t * slots + lane] = E + lane - k;
+    p.weight[t * slots + lane] = p.shared_gated ? shared_gate_weight(lg[E]) : 1.0f;
   }
 }
 

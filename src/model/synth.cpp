@@ -37,6 +37,10 @@ const std::vector<SynthPreset> kPresets = {
      .n_layer = 48, .n_embd = 2048, .n_head = 32, .n_head_kv = 4, .head_dim = 128, .n_ff = 6144,
      .n_vocab = 151936, .n_ctx = 40960, .n_rot = 128, .rope_base = 1e6, .norm_eps = 1e-6, .tied = false,
      .n_expert = 128, .n_expert_used = 8, .n_ff_exp = 768},
+    {.name = "qwen1.5-moe-a2.7b", .arch = "qwen2moe", .model = "Qwen1.5-MoE-A2.7B", .family = SynthFamily::kQwen2Moe,
+     .n_layer = 24, .n_embd = 2048, .n_head = 16, .n_head_kv = 16, .head_dim = 128, .n_ff = 5632,
+     .n_vocab = 151936, .n_ctx = 8192, .n_rot = 128, .rope_base = 1e6, .norm_eps = 1e-6, .tied = false,
+     .n_expert = 60, .n_expert_used = 4, .n_ff_exp = 1408, .n_ff_shexp = 5632},
     {.name = "qwen3-next-80b-a3b", .arch = "qwen3next", .model = "Qwen3-Next-80B-A3B", .family = SynthFamily::kQwen3Next,
      .n_layer = 48, .n_embd = 2048, .n_head = 16, .n_head_kv = 2, .head_dim = 256, .n_ff = 5120,
      .n_vocab = 151936, .n_ctx = 262144, .n_rot = 64, .rope_base = 1e7, .norm_eps = 1e-6, .tied = false,
@@ -201,8 +205,10 @@ class PlanBuilder {
 
 std::string blk_name(int64_t il, const char* what) { return fmt::format("blk.{}.{}", il, what); }
 
-// q (optionally twice as wide: query + output gate), k, v, output, optional q/k norms.
-void attention_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il, bool gated_q, bool qk_norm, bool bias) {
+// q (optionally twice as wide: query + output gate), k, v, output, optional q/k norms; biases
+// on q, k, v (qwen2's), and on the output too where out_bias (gpt-oss's).
+void attention_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il, bool gated_q, bool qk_norm, bool bias,
+                       bool out_bias = false) {
   const int64_t q = p.n_head * p.head_dim, kv = p.n_head_kv * p.head_dim;
   b.in_proj(blk_name(il, "attn_q.weight"), {p.n_embd, gated_q ? 2 * q : q}, il);
   b.in_proj(blk_name(il, "attn_k.weight"), {p.n_embd, kv}, il);
@@ -213,7 +219,7 @@ void attention_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il, bool ga
     b.bias(blk_name(il, "attn_v.bias"), kv);
   }
   b.out_proj(blk_name(il, "attn_output.weight"), {q, p.n_embd}, il);
-  if (bias) b.bias(blk_name(il, "attn_output.bias"), p.n_embd);
+  if (out_bias) b.bias(blk_name(il, "attn_output.bias"), p.n_embd);
   if (qk_norm) {
     b.norm(blk_name(il, "attn_q_norm.weight"), p.head_dim);
     b.norm(blk_name(il, "attn_k_norm.weight"), p.head_dim);
@@ -238,6 +244,14 @@ void expert_ffn(PlanBuilder& b, const SynthPreset& p, int64_t il, bool bias) {
     b.f32(blk_name(il, "ffn_up_exps.bias"), {F, E}, 0.0f, 0.02f);
     b.f32(blk_name(il, "ffn_down_exps.bias"), {p.n_embd, E}, 0.0f, 0.02f);
   }
+}
+
+// A shared expert n_ff_shexp wide with its sigmoid gate (qwen2moe, qwen3next).
+void shared_expert(PlanBuilder& b, const SynthPreset& p, int64_t il) {
+  b.f32(blk_name(il, "ffn_gate_inp_shexp.weight"), {p.n_embd}, 0.0f, static_cast<float>(1.0 / std::sqrt(double(p.n_embd))));
+  b.in_proj(blk_name(il, "ffn_gate_shexp.weight"), {p.n_embd, p.n_ff_shexp}, il);
+  b.in_proj(blk_name(il, "ffn_up_shexp.weight"), {p.n_embd, p.n_ff_shexp}, il);
+  b.out_proj(blk_name(il, "ffn_down_shexp.weight"), {p.n_ff_shexp, p.n_embd}, il);
 }
 
 // Gated delta net layer (llama.cpp's qwen3next / qwen35 loaders, non-legacy layout:
@@ -312,6 +326,13 @@ void layer_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il) {
       dense_ffn(b, p, il);
       b.norm(blk_name(il, "post_ffw_norm.weight"), p.n_embd);
       return;
+    case SynthFamily::kQwen2Moe:
+      b.norm(blk_name(il, "attn_norm.weight"), p.n_embd);
+      attention_tensors(b, p, il, false, false, true);
+      b.norm(blk_name(il, "ffn_norm.weight"), p.n_embd);
+      expert_ffn(b, p, il, false);
+      shared_expert(b, p, il);
+      return;
     case SynthFamily::kQwen3Next:
     case SynthFamily::kQwen35: {
       b.norm(blk_name(il, "attn_norm.weight"), p.n_embd);
@@ -323,16 +344,12 @@ void layer_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il) {
         return;
       }
       expert_ffn(b, p, il, false);
-      b.f32(blk_name(il, "ffn_gate_inp_shexp.weight"), {p.n_embd}, 0.0f,
-            static_cast<float>(1.0 / std::sqrt(double(p.n_embd))));
-      b.in_proj(blk_name(il, "ffn_gate_shexp.weight"), {p.n_embd, p.n_ff_shexp}, il);
-      b.in_proj(blk_name(il, "ffn_up_shexp.weight"), {p.n_embd, p.n_ff_shexp}, il);
-      b.out_proj(blk_name(il, "ffn_down_shexp.weight"), {p.n_ff_shexp, p.n_embd}, il);
+      shared_expert(b, p, il);
       return;
     }
     case SynthFamily::kGptOss:
       b.norm(blk_name(il, "attn_norm.weight"), p.n_embd);
-      attention_tensors(b, p, il, false, false, true);
+      attention_tensors(b, p, il, false, false, true, true);
       b.f32(blk_name(il, "attn_sinks.weight"), {p.n_head}, 0.0f, 0.5f);
       b.norm(blk_name(il, "post_attention_norm.weight"), p.n_embd);
       expert_ffn(b, p, il, true);

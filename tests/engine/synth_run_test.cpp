@@ -78,7 +78,8 @@ TEST_P(SynthRun, LogitsAreFiniteAndVaried) {
 INSTANTIATE_TEST_SUITE_P(HostPresets, SynthRun,
                          ::testing::Values(RunCase{"qwen3-0.6b", "Q4_K_M", 2}, RunCase{"llama3.2-1b", "Q4_0", 2},
                                            RunCase{"gemma3-12b", "Q8_0", 1},
-                                           RunCase{"deepseek-v2-lite", "Q4_0", 2}),
+                                           RunCase{"deepseek-v2-lite", "Q4_0", 2},
+                                           RunCase{"qwen1.5-moe-a2.7b", "Q4_0", 1}),
                          [](const auto& info) {
                            std::string n = info.param.preset;
                            for (char& ch : n)

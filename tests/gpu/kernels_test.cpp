@@ -1193,22 +1193,25 @@ TEST(CudaKernels, RoutingMatchesHost) {
     }
     const auto w = dw.get();
     EXPECT_LT(nmse(w.data(), ref_w.data(), ref_w.size()), 1e-12) << "n_expert " << c.n_expert;
-    // A stacked shared expert (RouteParams::shared): the router's rows gain the shared gate's
-    // logit as column n_expert; slots k + 1 a token, the first k as above, slot k expert
-    // n_expert weighted sigmoid(gate) (shared 2) or 1 (shared 1).
-    const int64_t ks = c.k + 1;
+    // A stacked shared expert (RouteParams::n_shared): when gated, the router's rows gain the
+    // shared gate's logit as column n_expert; slots k + n_shared a token, the first k as above,
+    // slot k + j expert n_expert + j, each weighted sigmoid(gate) (gated) or 1. Three slots: a
+    // shared expert three routed ones wide (DeviceLayer::shexp_slots).
     const auto gate = random_floats(rng, n_tok, 3.0f);
     std::vector<float> wide;
     for (int64_t t = 0; t < n_tok; ++t) {
       wide.insert(wide.end(), logits.begin() + t * c.n_expert, logits.begin() + (t + 1) * c.n_expert);
       wide.push_back(gate[static_cast<size_t>(t)]);
     }
-    for (int shared : {1, 2}) {
-      Dev<float> dwide(shared == 2 ? wide : logits), dws(static_cast<size_t>(n_tok * ks));
+    for (const auto& [n_shared, gated] : {std::pair{1, false}, std::pair{1, true}, std::pair{3, true}, std::pair{2, false}}) {
+      const int64_t ks = c.k + n_shared;
+      const std::string what = "shared " + std::to_string(n_shared) + (gated ? " gated" : "");
+      Dev<float> dwide(gated ? wide : logits), dws(static_cast<size_t>(n_tok * ks));
       Dev<int32_t> des(std::vector<int32_t>(static_cast<size_t>(n_tok * ks), -1));
       cuda::RouteParams q = p;
       q.logits = dwide.p;
-      q.shared = shared;
+      q.n_shared = n_shared;
+      q.shared_gated = gated;
       q.expert = des.p;
       q.weight = dws.p;
       cuda::launch_route(q);
@@ -1216,12 +1219,15 @@ TEST(CudaKernels, RoutingMatchesHost) {
       const auto w2 = dws.get();
       for (int64_t t = 0; t < n_tok; ++t) {
         for (int64_t j = 0; j < c.k; ++j) {
-          EXPECT_EQ(e2[static_cast<size_t>(t * ks + j)], ref_e[static_cast<size_t>(t * c.k + j)]) << "shared " << shared;
+          EXPECT_EQ(e2[static_cast<size_t>(t * ks + j)], ref_e[static_cast<size_t>(t * c.k + j)]) << what;
           EXPECT_NEAR(w2[static_cast<size_t>(t * ks + j)], ref_w[static_cast<size_t>(t * c.k + j)], 1e-6f);
         }
         const float v = gate[static_cast<size_t>(t)];
-        EXPECT_EQ(e2[static_cast<size_t>(t * ks + c.k)], c.n_expert) << "shared " << shared;
-        EXPECT_NEAR(w2[static_cast<size_t>(t * ks + c.k)], shared == 2 ? 1.0f / (1.0f + std::exp(-v)) : 1.0f, 1e-6f);
+        for (int j = 0; j < n_shared; ++j) {
+          EXPECT_EQ(e2[static_cast<size_t>(t * ks + c.k + j)], c.n_expert + j) << what;
+          EXPECT_NEAR(w2[static_cast<size_t>(t * ks + c.k + j)], gated ? 1.0f / (1.0f + std::exp(-v)) : 1.0f, 1e-6f)
+              << what;
+        }
       }
     }
   }
@@ -1349,9 +1355,9 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
 // The experts' gate/up launch that routes its token itself (MatmulParams::route) gives the
 // routing kernel's experts and weights, and launch_route's products, bit for bit: 128, 64 and
 // 60 experts (4 keys a lane, a lane's last empty), a softmax and a sigmoid gate with a
-// selection bias, a stacked shared expert (slot k, the router's extra logit), and group-limited
-// routing (8 groups, 3 kept), on both narrow kernels. 512 experts route in their own kernel
-// (kRouteInLaunchMaxExperts).
+// selection bias, a stacked shared expert (slot k, the router's extra logit; or slots k and
+// k + 1, one two routed ones wide), and group-limited routing (8 groups, 3 kept), on both
+// narrow kernels. 512 experts route in their own kernel (kRouteInLaunchMaxExperts).
 TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(71);
@@ -1359,24 +1365,26 @@ TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
     GgmlType t;
     int64_t n_in, n_out, n_expert, k;
     ExpertGating gating;
-    int shared;
+    int n_shared;  // stacked shared expert's slots
+    bool shared_gated = false;
     int n_group = 0, n_group_used = 0;
   };
   // matvec_narrow_kernel's sub-warps of 16 (2048 wide) and 8 lanes (768).
   for (const C& c : {C{GgmlType::Q4_0, 2048, 768, 128, 8, ExpertGating::kSoftmax, 0},
                      C{GgmlType::Q4_0, 2048, 768, 60, 4, ExpertGating::kSigmoid, 0},
-                     C{GgmlType::Q4_0, 2048, 768, 64, 6, ExpertGating::kSoftmax, 2},
+                     C{GgmlType::Q4_0, 2048, 768, 64, 6, ExpertGating::kSoftmax, 1, true},
+                     C{GgmlType::Q4_0, 2048, 768, 64, 6, ExpertGating::kSoftmax, 2, true},
                      C{GgmlType::Q4_0, 768, 2048, 128, 8, ExpertGating::kSoftmax, 1},
-                     C{GgmlType::Q4_0, 2048, 768, 64, 6, ExpertGating::kSigmoid, 0, 8, 3}}) {
+                     C{GgmlType::Q4_0, 2048, 768, 64, 6, ExpertGating::kSigmoid, 0, false, 8, 3}}) {
     const int64_t n_in = c.n_in, n_out = c.n_out;
-    const int64_t stack = c.n_expert + (c.shared != 0), slots = c.k + (c.shared != 0);
+    const int64_t stack = c.n_expert + c.n_shared, slots = c.k + c.n_shared;
     const size_t expert_bytes = ggml_row_bytes(c.t, n_in) * static_cast<size_t>(n_out);
     const auto gb = random_weights(rng, c.t, n_in, n_out * stack).bytes, ub = random_weights(rng, c.t, n_in, n_out * stack).bytes;
     Dev<uint8_t> dg(gb), du(ub);
     const int type = to_x8(c.t, dg.p, gb.size(), n_in);
     to_x8(c.t, du.p, ub.size(), n_in);
     ASSERT_NE(type, static_cast<int>(c.t)) << ggml_type_name(c.t) << " " << n_in;
-    Dev<float> dl(random_floats(rng, c.n_expert + (c.shared == 2), 2.0f)), dbias(random_floats(rng, c.n_expert, 0.1f));
+    Dev<float> dl(random_floats(rng, c.n_expert + c.shared_gated, 2.0f)), dbias(random_floats(rng, c.n_expert, 0.1f));
     Dev<float> dx(random_floats(rng, n_in)), dact(static_cast<size_t>(n_in));
     std::vector<std::vector<float>> ys[2];
     std::vector<int32_t> experts[2];
@@ -1392,7 +1400,8 @@ TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
       r.k = c.k;
       r.gating = static_cast<int>(c.gating);
       r.norm_w = true;
-      r.shared = c.shared;
+      r.n_shared = c.n_shared;
+      r.shared_gated = c.shared_gated;
       r.n_group = c.n_group;
       r.n_group_used = c.n_group_used;
       r.expert = de.p;
@@ -1426,8 +1435,8 @@ TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
     EXPECT_EQ(experts[1], experts[0]) << what;
     EXPECT_EQ(weights[1], weights[0]) << what;
     EXPECT_EQ(ys[1], ys[0]) << what;
-    if (c.shared) {
-      EXPECT_EQ(experts[1].back(), c.n_expert) << what;
+    if (c.n_shared) {
+      EXPECT_EQ(experts[1].back(), c.n_expert + c.n_shared - 1) << what;
     }
   }
 }

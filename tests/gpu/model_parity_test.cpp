@@ -496,6 +496,55 @@ TEST(DeviceMla, LiteShapesMatchHost) {
   }
 }
 
+// A shared expert wider than a routed one, stacked as several (cuda/device_weights.cpp
+// shared_expert_slots: its gate and up split by rows, its down by columns at upload):
+// DeepSeek-V2-Lite's 2 x 1408, weight 1 each; Qwen1.5-MoE's 4 x 1408 under its sigmoid gate
+// (the router's extra row, on every slot). It computes what its own launches compute, the
+// slots' down products summed by the combine against one product. The two differ by the order
+// of sums, which can move a GLU value across a rounding step of the down's 8-bit input (a step
+// is 1/127 of its block's largest): measured (H200) prompt NMSE up to 9e-6 grouped by expert
+// (cuBLAS tiles the shared rows as an expert's, not as a matrix of their own), 2e-8 in batches
+// of 5, decode 0 to 6e-8. A column range cut wrong, a slot's expert or its gate weight wrong,
+// moves the shared expert's whole output. Q4_0 (the narrow kernels, the combine in the down's
+// launch) and Q8_0; prompt batches grouped by expert (150 tokens: 18 rows an expert) and of 5,
+// then decode steps fed the same tokens.
+TEST(DeviceParityMoe, WideSharedExpertInSlotsEqualsSeparate) {
+  FRINK_REQUIRE_GPU();
+  struct Case {
+    const char* preset;
+    int64_t layers, slots;
+  };
+  for (const Case c : {Case{"deepseek-v2-lite", 2, 2}, Case{"qwen1.5-moe-a2.7b", 1, 4}})
+    for (const char* type : {"Q4_0", "Q8_0"}) {
+      SynthOptions so;
+      so.preset = c.preset;
+      so.type = type;
+      so.n_layer = c.layers;
+      const auto path = std::filesystem::temp_directory_path() / "frink_wide_shared.gguf";
+      write_synth(plan_synth(so), path.string(), 0);
+      const auto m = load_model(path.string());
+      const MoePlan& mp = m->hp.layers[static_cast<size_t>(c.layers - 1)].moe;
+      ASSERT_EQ(mp.n_ff_shexp, c.slots * mp.n_ff_exp);
+      for (int64_t nb : {512, 5}) {
+        DecoderOptions separate = opts(DeviceChoice::kCuda, nb);
+        separate.hooks.separate_shared_expert = true;
+        const ModelRun b = run_model(*m, separate, 150, 6);
+        const ModelRun a = run_model(*m, opts(DeviceChoice::kCuda, nb), 150, 6, &b.greedy);
+        const std::string what = std::string(c.preset) + " " + type + " b" + std::to_string(nb);
+        EXPECT_NE(a.device.find("shared experts stacked"), std::string::npos) << a.device;
+        EXPECT_EQ(b.device.find("shared experts stacked"), std::string::npos) << b.device;
+        EXPECT_EQ(a.refusals.refused(), 0u) << a.refusals.summary();
+        const double e_pre = nmse(a.prefill.data(), b.prefill.data(), b.prefill.size());
+        const double e_dec = nmse(a.decode.data(), b.decode.data(), b.decode.size());
+        std::printf("[gpu] %-30s in slots against separate: prefill nmse %.3g  decode nmse %.3g\n", what.c_str(),
+                    e_pre, e_dec);
+        EXPECT_LT(e_pre, 1e-4) << what;
+        EXPECT_LT(e_dec, 1e-4) << what;
+      }
+      std::filesystem::remove(path);
+    }
+}
+
 #ifdef FRINK_HAVE_CUDA
 // Layers that device memory cannot hold, or that --gpu-layers leaves out, run on the host
 // (counted as "memory"), the rest on the device: the host path's logits and greedy tokens.

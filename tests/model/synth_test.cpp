@@ -44,7 +44,8 @@ TEST(Synth, EveryPresetPlansAndCountsParameters) {
       {"llama3.2-1b", {1.2, 1.3}},       {"llama3.1-8b", {8.0, 8.1}},   {"qwen3-0.6b", {0.55, 0.65}},
       {"qwen3-8b", {8.1, 8.3}},          {"qwen3-30b-a3b", {30.4, 30.6}}, {"qwen3-next-80b-a3b", {79, 81.5}},
       {"qwen3.5-9b", {8.9, 9.7}},        {"gpt-oss-20b", {20.8, 21.0}}, {"gemma3-12b", {11.7, 12.0}},
-      {"mistral-small-24b", {23.5, 23.7}}, {"deepseek-v2-lite", {15.6, 15.8}}, {"deepseek-v3", {670, 672}}};
+      {"mistral-small-24b", {23.5, 23.7}}, {"deepseek-v2-lite", {15.6, 15.8}}, {"deepseek-v3", {670, 672}},
+      {"qwen1.5-moe-a2.7b", {14.2, 14.4}}};
   ASSERT_EQ(synth_presets().size(), approx_b.size());
   for (const auto& p : synth_presets()) {
     const SynthPlan pl = plan(std::string(p.name), "Q4_0");
