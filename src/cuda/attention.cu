@@ -33,7 +33,6 @@
 #include "cuda/attention.cuh"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -1176,8 +1175,6 @@ size_t attn_scratch_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int6
 
 namespace {
 
-constexpr int kMaxDevices = 64;  // devices whose shared-memory opt-ins are remembered
-
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // The current device's compute capability (major) and opt-in shared memory per block.
@@ -1193,22 +1190,6 @@ DeviceLimits device_limits() {
   return d;
 }
 
-// Above 48 KiB of dynamic shared memory a kernel must opt in: once per (kernel slot, device),
-// because the call may wait for copies in flight (it enqueues nothing, so flash-attention
-// makes it even while a graph is captured).
-// Slots: the decode kernel's five forms (decode_smem_slot), then the two prefill ones.
-constexpr int kMma64Slot = 5, kMma128Slot = 6, kSmemSlots = 7;
-void opt_in_smem(const void* kernel, size_t bytes, int slot, const DeviceLimits& dl) {
-  static std::atomic<bool> opted[kSmemSlots][kMaxDevices];
-  if (bytes <= 48 * 1024) return;
-  int dev = 0;
-  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < kMaxDevices && opted[slot][dev].load(std::memory_order_acquire)) return;
-  FRINK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(std::min<size_t>(bytes, static_cast<size_t>(dl.smem_optin)))));
-  if (dev < kMaxDevices) opted[slot][dev].store(true, std::memory_order_release);
-}
-
 // Query heads per decode block: the largest divisor of the group up to kDecMaxHeads.
 int decode_heads_per_block(int64_t group) {
   for (int hb = kDecMaxHeads; hb > 1; --hb)
@@ -1216,13 +1197,12 @@ int decode_heads_per_block(int64_t group) {
   return 1;
 }
 
-// The decode kernel for TK-key tiles, and its shared-memory opt-in slot (opt_in_smem).
+// The decode kernel for TK-key tiles.
 using DecodeKernel = void (*)(AttnParams, int64_t, int, int);
 DecodeKernel decode_kernel(int64_t tk, bool ks, int hb) {
   if (ks) return hb <= 4 ? attn_decode_kernel<kKsTileKeys, true, 4> : attn_decode_kernel<kKsTileKeys, true>;  // even splits (plan_splits)
   return tk == 16 ? attn_decode_kernel<16, false> : tk == 32 ? attn_decode_kernel<32, false> : attn_decode_kernel<kAttnChunk, false>;
 }
-int decode_smem_slot(int64_t tk, bool ks, int hb) { return ks ? (hb <= 4 ? 4 : 3) : tk == 16 ? 0 : tk == 32 ? 1 : 2; }
 
 // How a split-K batch runs: the decode kernel (head dims % 4, 16-byte rows, its shared memory
 // for 64-key tiles fits) with hb query heads per block and tk-key tiles, or the per-head
@@ -1254,7 +1234,7 @@ SplitPlan plan_splits(const AttnParams& p, const DeviceLimits& dl) {
     sp.dec_smem = smem_for(tk);
     const int64_t most = dec_smem_floats(tk, kAttnMaxHeadDim, kAttnMaxHeadDim, kDecMaxHeads, sp.key_sets) * sizeof(float);
     const void* kernel = reinterpret_cast<const void*>(decode_kernel(tk, sp.key_sets, sp.hb));
-    opt_in_smem(kernel, static_cast<size_t>(std::min<int64_t>(most, dl.smem_optin)), decode_smem_slot(tk, sp.key_sets, sp.hb), dl);
+    opt_in_smem(kernel, static_cast<size_t>(most));
     return resident_blocks(kernel, kDecThreads, sp.dec_smem);
   };
   if (p.n_tok >= kAttnPrefillMinTok) {
@@ -1337,11 +1317,11 @@ void launch_attention(const AttnParams& p) {
       const dim3 kv_grid(static_cast<unsigned>(kv16_tiles(p.max_keys)), static_cast<unsigned>(p.n_head_kv));
       if (p.head_dim_k == 64) {
         kv16_kernel<64><<<kv_grid, kKv16Threads, 0, p.stream>>>(p);
-        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<64>), sizeof(MmaTile<64>), kMma64Slot, dl);
+        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<64>), sizeof(MmaTile<64>));
         attn_prefill_mma_kernel<64><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<64>), p.stream>>>(p);
       } else {
         kv16_kernel<128><<<kv_grid, kKv16Threads, 0, p.stream>>>(p);
-        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<128>), sizeof(MmaTile<128>), kMma128Slot, dl);
+        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<128>), sizeof(MmaTile<128>));
         attn_prefill_mma_kernel<128><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<128>), p.stream>>>(p);
       }
     } else {

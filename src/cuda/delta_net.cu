@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "cuda/cuda_check.h"
+#include "cuda/occupancy.h"
 #include "cuda/pdl.cuh"
 
 namespace frink::cuda {
@@ -503,11 +504,8 @@ void launch_delta_rule(const DeltaRuleParams& p) {
                        : cudaErrorInvalidValue);
   const dim3 grid(static_cast<unsigned>(p.n_v_head), static_cast<unsigned>((p.d + 31) / 32));
   if (delta_rule_uses_chunks(p)) {
-    // Set on every chunked launch (a prefill's, once per layer and batch) rather than
-    // remembered in a global: the call is cheap next to the kernel.
     const size_t smem = chunk_smem_bytes(p.d);
-    FRINK_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
+    opt_in_smem(reinterpret_cast<const void*>(delta_chunk_kernel), smem);
     delta_chunk_kernel<<<grid, kChunkThreads, smem, p.stream>>>(p);
   } else {
     const int W = static_cast<int>((p.d + kRows - 1) / kRows);  // 1..16 warps

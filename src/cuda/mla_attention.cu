@@ -1,12 +1,12 @@
 #include "cuda/mla_attention.cuh"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/norm_row.cuh"
+#include "cuda/occupancy.h"
 #include "cuda/q8_0_rule.cuh"
 #include "cuda/rope_math.cuh"
 
@@ -273,16 +273,7 @@ void launch_mla_attention(const MlaAttnParams& p) {
   const unsigned head_blocks = static_cast<unsigned>((p.n_head + kHeads - 1) / kHeads);
   if (!splits(p.n_tok)) {
     const size_t smem = prefill_smem(p.width);
-    if (smem > 48 * 1024) {  // opted in once per device (the call enqueues nothing)
-      static std::atomic<bool> opted[64];
-      int dev = 0;
-      FRINK_CUDA_CHECK(cudaGetDevice(&dev));
-      if (dev >= 64 || !opted[dev].load(std::memory_order_acquire)) {
-        FRINK_CUDA_CHECK(cudaFuncSetAttribute(mla_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(prefill_smem(kMlaMaxWidth))));
-        if (dev < 64) opted[dev].store(true, std::memory_order_release);
-      }
-    }
+    opt_in_smem(reinterpret_cast<const void*>(mla_prefill_kernel), prefill_smem(kMlaMaxWidth));
     mla_prefill_kernel<<<dim3(head_blocks, static_cast<unsigned>(p.n_tok)), kHeads * 32, smem, p.stream>>>(p);
     FRINK_CUDA_CHECK_LAUNCH();
     return;

@@ -1,8 +1,10 @@
 #include "cuda/occupancy.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -36,6 +38,22 @@ int sm_count() {
   FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   known.emplace(dev, sms);
   return sms;
+}
+
+void opt_in_smem(const void* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> opted;  // the most each kernel may take
+  int dev = 0;
+  FRINK_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  size_t& have = opted[{dev, kernel}];
+  if (have >= bytes) return;
+  int optin = 0;
+  FRINK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const size_t n = std::min(bytes, static_cast<size_t>(optin));
+  FRINK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(n)));
+  have = std::max(have, bytes);  // asked past the limit: the limit, and never asked again
 }
 
 }  // namespace frink::cuda

@@ -1,6 +1,6 @@
 // How many blocks of a kernel the current device holds at once: the one occupancy query the
-// launch rules share (matvec.cu's one-wave grids, attention.cu's decode split tiles), and its
-// SM count.
+// launch rules share (matvec.cu's one-wave grids, attention.cu's decode split tiles), its SM
+// count, and the one shared-memory opt-in the kernels past 48 KiB share.
 #pragma once
 
 #include <cstddef>
@@ -15,5 +15,10 @@ namespace frink::cuda {
 int64_t resident_blocks(const void* kernel, int threads, size_t smem);
 // SMs of the current device.
 int sm_count();
+// Lets `kernel` take up to `bytes` of dynamic shared memory a block on the current device (at
+// most its opt-in limit): above 48 KiB a kernel must opt in. Remembered per (device, kernel),
+// because the call may wait for copies in flight; it enqueues nothing, so a launch makes it even
+// while a graph is captured.
+void opt_in_smem(const void* kernel, size_t bytes);
 
 }  // namespace frink::cuda
