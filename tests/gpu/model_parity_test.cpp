@@ -639,6 +639,37 @@ TEST(DevicePlacement, PromptBatchesLendTheHostLayersTheDevice) {
     EXPECT_EQ(dev.refusals[Refusal::kMemory], static_cast<uint64_t>(2 + 3 * n)) << rel;
   }
 }
+
+// A lent MoE layer whose shared expert is two routed ones wide (deepseek-v2-lite, 2 layers,
+// -ngl 0: both layers lent to the prompt batch, decode on the host) fills its slot with the
+// shared down cut by columns on the host (a temporary part of the fill: DeviceWeights::
+// upload_joined) and runs it as two slots: against the same layers lent with the shared expert
+// separate. A slot filled from a freed buffer, or cut wrong, moves the shared expert's output
+// (the bound is WideSharedExpertInSlotsEqualsSeparate's: the order of sums across rounding steps).
+TEST(DevicePlacement, LentWideSharedExpertEqualsSeparate) {
+  FRINK_REQUIRE_GPU();
+  SynthOptions so;
+  so.preset = "deepseek-v2-lite";
+  so.type = "Q4_0";
+  so.n_layer = 2;
+  const auto path = std::filesystem::temp_directory_path() / "frink_dsv2_lent.gguf";
+  write_synth(plan_synth(so), path.string(), 0);
+  const auto m = load_model(path.string());
+  DecoderOptions lent = opts(DeviceChoice::kCuda, 512), separate = lent;
+  lent.n_gpu_layers = separate.n_gpu_layers = 0;
+  separate.hooks.separate_shared_expert = true;
+  const ModelRun b = run_model(*m, separate, 150, 3);
+  const ModelRun a = run_model(*m, lent, 150, 3, &b.greedy);
+  const double e_pre = nmse(a.prefill.data(), b.prefill.data(), b.prefill.size());
+  const double e_dec = nmse(a.decode.data(), b.decode.data(), b.decode.size());
+  std::printf("[gpu] dsv2-lite -ngl 0, lent, in slots against separate: prefill nmse %.3g  decode nmse %.3g, %s\n",
+              e_pre, e_dec, a.refusals.summary().c_str());
+  EXPECT_EQ(a.refusals[Refusal::kNone], 2u) << a.refusals.summary();  // the prompt batch's two layers
+  EXPECT_LT(e_pre, 1e-4);
+  EXPECT_GT(e_pre, 0.0);  // the slots ran (their sums in another order; resident: 3.4e-6, H200)
+  EXPECT_EQ(e_dec, 0.0);  // decode steps on the host alike
+  std::filesystem::remove(path);
+}
 #endif
 
 // Mixtures of experts whose prompt batches give every expert 16+ rows on average (cuda/moe.cuh
