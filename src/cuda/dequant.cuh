@@ -34,9 +34,30 @@ __device__ __forceinline__ float h2f(const uint8_t* p) {
 }
 __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 
-static __constant__ int8_t kDevIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                               1,    13,   25,  38,  53,  69,  89,  113};
-static __constant__ int8_t kDevMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// A 16-entry int8 code book (ggml's kvalues_iq4nl, kvalues_mxfp4) packed into four words, read
+// by __byte_perm in registers. Why not __constant__ arrays: a warp's lanes index different
+// entries, and constant memory serializes distinct addresses; gpt-oss-20b MXFP4's expert
+// products took 114 us a launch (2 layers, 4 slots of 2880 x 2880, ncu, H200) that way.
+constexpr uint32_t pack_s8x4(int a, int b, int c, int d) {
+  return static_cast<uint32_t>(a & 0xFF) | static_cast<uint32_t>(b & 0xFF) << 8 | static_cast<uint32_t>(c & 0xFF) << 16 |
+         static_cast<uint32_t>(d & 0xFF) << 24;
+}
+struct Iq4nlBook {
+  static constexpr uint32_t w[4] = {pack_s8x4(-127, -104, -83, -65), pack_s8x4(-49, -35, -22, -10),
+                                    pack_s8x4(1, 13, 25, 38), pack_s8x4(53, 69, 89, 113)};
+};
+struct Mxfp4Book {
+  static constexpr uint32_t w[4] = {pack_s8x4(0, 1, 2, 3), pack_s8x4(4, 6, 8, 12), pack_s8x4(0, -1, -2, -3),
+                                    pack_s8x4(-4, -6, -8, -12)};
+};
+// Entry q (0..15) of the book.
+template <class Book>
+__device__ __forceinline__ int book16(int q) {
+  constexpr uint32_t w0 = Book::w[0], w1 = Book::w[1], w2 = Book::w[2], w3 = Book::w[3];
+  const uint32_t lo = __byte_perm(w0, w1, static_cast<uint32_t>(q & 7));
+  const uint32_t hi = __byte_perm(w2, w3, static_cast<uint32_t>(q & 7));
+  return static_cast<int8_t>((q & 8 ? hi : lo) & 0xFF);
+}
 
 // Q4_K/Q5_K 6-bit scale and min of sub-block j (get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
@@ -257,20 +278,20 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
     }
   } else if constexpr (T == kIQ4_NL) {
     const float d = h2f(b);
-    nibbles(b + 2, out, [d](int q) { return d * kDevIq4nl[q]; });
+    nibbles(b + 2, out, [d](int q) { return d * book16<Iq4nlBook>(q); });
   } else if constexpr (T == kIQ4_XS) {
     const float d = h2f(b);
     const int scales_h = ld_u16(b + 2);
     const int ls = ((b[4 + j / 2] >> 4 * (j % 2)) & 0xF) | (((scales_h >> 2 * j) & 3) << 4);
     const float dl = d * (ls - 32);
-    nibbles(b + 8 + 16 * j, out, [dl](int q) { return dl * kDevIq4nl[q]; });
+    nibbles(b + 8 + 16 * j, out, [dl](int q) { return dl * book16<Iq4nlBook>(q); });
   } else if constexpr (T == kMXFP4) {
     const uint8_t e = b[0];
     const float d = __uint_as_float(e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e - 1) << 23));
 #pragma unroll
     for (int l = 0; l < 16; ++l) {
-      out[l] = kDevMxfp4[b[1 + l] & 0xF] * d;
-      out[l + 16] = kDevMxfp4[b[1 + l] >> 4] * d;
+      out[l] = book16<Mxfp4Book>(b[1 + l] & 0xF) * d;
+      out[l + 16] = book16<Mxfp4Book>(b[1 + l] >> 4) * d;
     }
   }
 }
