@@ -224,6 +224,7 @@ static bool takes_grouped_experts(int64_t n_tok, const MoeStack& st) {
 MatmulParams CudaBackend::grouped_params(const DeviceExperts& x, const float* in, int64_t n_rows, float* y,
                                          int64_t y_stride) {
   MatmulParams p = matmul_params(first_expert(x), in, x.n_in, y, y_stride);
+  p.bias = nullptr;  // each expert's: launch_slot_bias after the product
   p.n_tok = n_rows;
   p.n_expert = static_cast<int64_t>(moe_rows_host_.size());
   p.group_rows = moe_rows_host_.data();
@@ -257,10 +258,12 @@ void CudaBackend::moe_ffn(const LayerPlan& p, const DeviceLayer& d, const float*
   const MoeStack st = moe_stack(mp, d);
   const int64_t E = m_.hp.n_embd, n = n_tok_, k = st.slots, F = mp.n_ff_exp, S = n * k;
   // Prompt-sized batches: each expert's tokens as one matrix product (grouped_params), where
-  // the experts have no bias or scale (gpt-oss's do: slots, as decode).
+  // the experts have no scale; their biases (gpt-oss's) are added after each product
+  // (launch_slot_bias). Measured (H200, gpt-oss-20b MXFP4, 2 layers): pp512 1526 t/s slot by
+  // slot, where every slot's product read its expert's rows again.
   bool grouped = takes_grouped_experts(n, st);
   for (const DeviceExperts* x : {&d.gate_exps, &d.up_exps, &d.gate_up_exps, &d.down_exps})
-    if (*x && (x->b || x->scale || x->expert_bytes != x->row_bytes * static_cast<size_t>(x->n_out))) grouped = false;
+    if (*x && (x->scale || x->expert_bytes != x->row_bytes * static_cast<size_t>(x->n_out))) grouped = false;
   // The experts' gate|up products of h (or one fused gate_up), launched after the routing.
   MatmulParams gu[2];
   const int n_gu = d.gate_up_exps ? 1 : 2;
@@ -432,10 +435,20 @@ void CudaBackend::moe_grouped_experts(const LayerPlan& p, const DeviceLayer& d, 
     gu[1] = grouped_params(d.up_exps, moe_rx_.f(), S, moe_rgu_.f() + S * F, F);
   }
   launch_matmuls(gu, n_gu);  // one preparation of the rows for gate and up
+  const auto bias = [&](const DeviceExperts& x, const MatmulParams& q) {
+    if (x.b) launch_slot_bias(q.y, q.y_stride, x.n_out, x.b, ss.expert, ss.pos, S, stream_);
+  };
+  if (d.gate_up_exps) {
+    bias(d.gate_up_exps, gu[0]);
+  } else {
+    bias(d.gate_exps, gu[0]);
+    bias(d.up_exps, gu[1]);
+  }
   GluParams g = expert_glu(mp, static_cast<bool>(d.gate_up_exps), moe_rgu_.f(), moe_rh_.f(), S, stream_);
   MatmulParams down = grouped_params(d.down_exps, moe_rh_.f(), S, moe_rx_.f(), E);
   down.pre_glu = &g;
   launch_matmul(down);
+  bias(d.down_exps, down);
   launch_slot_rows(moe_y_.f(), moe_rx_.f(), E, ss.pos, S, 1, false, stream_);
 }
 

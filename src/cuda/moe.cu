@@ -101,7 +101,25 @@ __global__ void slot_rows_kernel(float* dst, const float* src, int64_t width, co
   }
 }
 
+__global__ void slot_bias_kernel(float* y, int64_t y_stride, int64_t width, const float* bias, const int32_t* expert,
+                                 const int32_t* pos, int64_t n_slots) {
+  const int64_t n = n_slots * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t s = i / width, c = i % width;
+    y[pos[s] * y_stride + c] += bias[expert[s] * width + c];
+  }
+}
+
 }  // namespace
+
+void launch_slot_bias(float* y, int64_t y_stride, int64_t width, const float* bias, const int32_t* expert,
+                      const int32_t* pos, int64_t n_slots, cudaStream_t stream) {
+  const int64_t n = n_slots * width;
+  if (n == 0) return;
+  slot_bias_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1 << 16)), 256, 0, stream>>>(
+      y, y_stride, width, bias, expert, pos, n_slots);
+  FRINK_CUDA_CHECK_LAUNCH();
+}
 
 void launch_sort_slots(const SlotSort& p) {
   FRINK_CUDA_CHECK(p.n_slots > 0 && p.n_slots <= kMoeSortMaxSlots && p.n_expert > 0 && p.n_expert <= kMoeMaxStack

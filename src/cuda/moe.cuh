@@ -101,5 +101,9 @@ void launch_sort_slots(const SlotSort& p);
 // pos[s] of src. Rows of `width` floats.
 void launch_slot_rows(float* dst, const float* src, int64_t width, const int32_t* pos, int64_t n_slots, int64_t x_div,
                       bool to_rows, cudaStream_t stream);
+// The experts' biases of rows in expert order (the grouped products add none): row pos[s] of y
+// (rows y_stride apart) += bias row expert[s] (rows `width` apart), for every slot s.
+void launch_slot_bias(float* y, int64_t y_stride, int64_t width, const float* bias, const int32_t* expert,
+                      const int32_t* pos, int64_t n_slots, cudaStream_t stream);
 
 }  // namespace frink::cuda
