@@ -43,6 +43,7 @@ template <> struct Staged<kQ8_0> : StagedGeom<kQ8_0, 32> {};  // 1088 bytes
 template <> struct Staged<kQ4_K> : StagedGeom<kQ4_K, 8> {};   // 1152 bytes
 template <> struct Staged<kQ5_K> : StagedGeom<kQ5_K, 8> {};   // 1408 bytes
 template <> struct Staged<kQ6_K> : StagedGeom<kQ6_K, 8> {};   // 1680 bytes
+template <> struct Staged<kMXFP4> : StagedGeom<kMXFP4, 64> {};  // 1088 bytes
 template <> struct Staged<kBF16> : StagedGeom<kBF16, 512> {}; // 1024 bytes
 template <> struct Staged<kF16> : StagedGeom<kF16, 512> {};
 // Q4_0 read a block pair per lane (blocks_dot's kQ4_0Pairs branch): a kernel variant, not a
@@ -361,6 +362,45 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
             const int sum = __dp4a(v1, u0[t].y, __dp4a(v0, u0[t].x, 0));
             acc[r][t] += static_cast<float>(sum) * (dw * dx[t]);
           }
+        }
+      }
+    }
+  } else if constexpr (T == kMXFP4) {
+    // Q4_0's lanes: 2 a 17-byte block, lane k taking qs bytes [8k, 8k + 8) (elements 8k.. from
+    // the low nibbles, 16 + 8k.. from the high), their code book entries by register lookups
+    // (book16x4) into dp4a: the host's vec_dot_mxfp4_q8_0, the integer dot times d_x * 2^(e -
+    // 128). Why not the float kernel: gpt-oss-20b's expert products read the activation as 32
+    // floats a block there. The blocks are byte aligned: the quants come a byte at a time.
+    constexpr int kBytes = BlockGeom<T>::kBytes;
+    const int k = lane % 2;
+    const int64_t n_blk = a.n_in / 32;
+    for (int i = lane / 2; i < nb; i += kLanes / 2) {
+      const int64_t ib = b0 + i;
+      int2 u0[NT], u1[NT];
+      float dx[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int2* u = reinterpret_cast<const int2*>(x.q8 + t * a.n_in + ib * 32);
+        u0[t] = u[k];
+        u1[t] = u[2 + k];
+        dx[t] = x.d8[t * n_blk + ib];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = s + r * rs + i * kBytes;
+        const float dw = e8m0_half(b[0]);
+        const uint8_t* q = b + 1 + 8 * k;
+        const uint32_t v0 = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
+        const uint32_t v1 = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<uint32_t>(q[7]) << 24);
+        const int w0 = book16x4<Mxfp4Book>(v0 & 0x0F0F0F0Fu), w1 = book16x4<Mxfp4Book>(v1 & 0x0F0F0F0Fu);
+        const int w2 = book16x4<Mxfp4Book>((v0 >> 4) & 0x0F0F0F0Fu), w3 = book16x4<Mxfp4Book>((v1 >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          int sum = __dp4a(w0, u0[t].x, 0);
+          sum = __dp4a(w1, u0[t].y, sum);
+          sum = __dp4a(w2, u1[t].x, sum);
+          sum = __dp4a(w3, u1[t].y, sum);
+          acc[r][t] += static_cast<float>(sum) * (dw * dx[t]);
         }
       }
     }

@@ -59,6 +59,24 @@ __device__ __forceinline__ int book16(int q) {
   return static_cast<int8_t>((q & 8 ? hi : lo) & 0xFF);
 }
 
+// Four entries of the book at once, for dp4a: byte i of the result is entry (byte i of q4),
+// each byte of q4 a 4-bit index.
+template <class Book>
+__device__ __forceinline__ int book16x4(uint32_t q4) {
+  constexpr uint32_t w0 = Book::w[0], w1 = Book::w[1], w2 = Book::w[2], w3 = Book::w[3];
+  const uint32_t t = q4 & 0x07070707u, u = t | (t >> 4);
+  const uint32_t sel = (u & 0xFFu) | ((u >> 8) & 0xFF00u);  // the four 3-bit indices as selector nibbles
+  const uint32_t lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
+  const uint32_t m = ((q4 >> 3) & 0x01010101u) * 0xFFu;  // bytes whose index has bit 3
+  return static_cast<int>((lo & ~m) | (hi & m));
+}
+
+// MXFP4's scale byte as the host's e8m0_to_f32_half: 2^(e - 128), the code book's values being
+// doubled (subnormal for e < 2).
+__device__ __forceinline__ float e8m0_half(uint32_t e) {
+  return __uint_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
+}
+
 // Q4_K/Q5_K 6-bit scale and min of sub-block j (get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
   if (j < 4) {
@@ -286,8 +304,7 @@ __device__ __forceinline__ void dequant32(const uint8_t* row, int64_t s, float* 
     const float dl = d * (ls - 32);
     nibbles(b + 8 + 16 * j, out, [dl](int q) { return dl * book16<Iq4nlBook>(q); });
   } else if constexpr (T == kMXFP4) {
-    const uint8_t e = b[0];
-    const float d = __uint_as_float(e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e - 1) << 23));
+    const float d = e8m0_half(b[0]);
 #pragma unroll
     for (int l = 0; l < 16; ++l) {
       out[l] = book16<Mxfp4Book>(b[1 + l] & 0xF) * d;

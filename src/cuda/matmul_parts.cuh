@@ -108,7 +108,7 @@ inline bool joins_two_type_launch(const MatmulParams& p, int t2) {
 // register kernels): as int8 Q8_0 blocks (kActDp4a), or as Q8_K blocks (kActDp4aK); kActNone otherwise.
 __host__ __device__ constexpr ActRound dp4a_act_for(int type) {
   switch (type) {
-    case kQ4_0: case kQ4_0X8: case kQ8_0: case kQ8_0X8: return kActDp4a;
+    case kQ4_0: case kQ4_0X8: case kQ8_0: case kQ8_0X8: case kMXFP4: return kActDp4a;
     case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ5_KX8: case kQ6_K: case kQ6_KX8: return kActDp4aK;
     default: return kActNone;
   }

@@ -1774,6 +1774,7 @@ template void matvec_stream_launch<kQ4_KX8>(const MatmulParams*, int, const Stag
 template void matvec_stream_launch<kQ5_KX8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ6_KX8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kMXFP4>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ5_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ6_K>(const MatmulParams*, int, const StagedAct&);
