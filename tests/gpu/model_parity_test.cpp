@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -394,6 +395,25 @@ TEST(DeviceRefusal, AnySingleForcedLayerMatchesHost) {
   }
 }
 
+// A random-weight file of a synth preset's shapes (frink synth) in the temp directory, loaded;
+// the file goes with it.
+struct SynthFile {
+  std::filesystem::path path;
+  std::unique_ptr<Model> m;
+  SynthFile(const std::string& preset, const std::string& type, int64_t n_layer, const char* name)
+      : path(std::filesystem::temp_directory_path() / name) {
+    SynthOptions so;
+    so.preset = preset;
+    so.type = type;
+    so.n_layer = n_layer;
+    write_synth(plan_synth(so), path.string(), 0);
+    m = load_model(path.string());
+  }
+  ~SynthFile() { std::filesystem::remove(path); }
+  SynthFile(const SynthFile&) = delete;
+  SynthFile& operator=(const SynthFile&) = delete;
+};
+
 // The residual stream's norms folded into the products around them (cuda NormFold: one-token
 // decode, Q8_0 rows on the register kernel; the fixtures' rows are too narrow or of other
 // types): a two-layer llama3.2-1b-shaped Q8_0 file, where every decode layer's q/k/v (RoPE in
@@ -405,13 +425,8 @@ TEST(DeviceRefusal, AnySingleForcedLayerMatchesHost) {
 // 1/rms, or a block's quants in the wrong place, changes the logits wholesale (and the tokens).
 TEST(DeviceNormFold, FoldedDecodeMatchesHost) {
   FRINK_REQUIRE_GPU();
-  SynthOptions so;
-  so.preset = "llama3.2-1b";
-  so.type = "Q8_0";
-  so.n_layer = 2;
-  const auto path = std::filesystem::temp_directory_path() / "frink_fold_llama1b_q8_0.gguf";
-  write_synth(plan_synth(so), path.string(), 0);
-  const auto m = load_model(path.string());
+  const SynthFile f("llama3.2-1b", "Q8_0", 2, "frink_fold_llama1b_q8_0.gguf");
+  Model* m = f.m.get();
   const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 7, 6);
   for (int64_t il = -1; il < m->hp.n_layer; ++il) {
     DecoderOptions o = opts(DeviceChoice::kCuda, 512);
@@ -419,7 +434,6 @@ TEST(DeviceNormFold, FoldedDecodeMatchesHost) {
     const ModelRun dev = run_model(*m, o, 7, 6);
     expect_same(dev, host, "llama1b-q8_0 refuse " + std::to_string(il), 1e-3);
   }
-  std::filesystem::remove(path);
 }
 
 // A random-weight synth file's device run against the host's, its decode steps fed the host's
@@ -463,20 +477,14 @@ int expect_fed_run_matches(const Model& m, const ModelRun& host, const DecoderOp
 // to 1.6e-4. The llama.cpp gpt-oss fixture's biases, grouped, agree with the host at 3e-14.
 TEST(DeviceParityMoe, GptOssShapesMatchHost) {
   FRINK_REQUIRE_GPU();
-  SynthOptions so;
-  so.preset = "gpt-oss-20b";
-  so.type = "MXFP4";
-  so.n_layer = 1;
-  const auto path = std::filesystem::temp_directory_path() / "frink_gpt_oss_mxfp4.gguf";
-  write_synth(plan_synth(so), path.string(), 0);
-  const auto m = load_model(path.string());
+  const SynthFile f("gpt-oss-20b", "MXFP4", 1, "frink_gpt_oss_mxfp4.gguf");
+  Model* m = f.m.get();
   const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 150, 6);
   int n_clear = 0;
   for (int64_t nb : {512, 5})
     n_clear += expect_fed_run_matches(*m, host, opts(DeviceChoice::kCuda, nb), 150, 3e-3,
                                       "gpt-oss-20b mxfp4 b" + std::to_string(nb), true);
   EXPECT_GT(n_clear, 0);
-  std::filesystem::remove(path);
 }
 
 // DeepSeek-2's latent attention on the device (cuda_backend_mla.cpp) at a released model's
@@ -504,13 +512,8 @@ TEST(DeviceMla, LiteShapesMatchHost) {
     int n_prompt;
   };
   for (const Case c : {Case{"deepseek-v2-lite", 2, 150}, Case{"deepseek-v3", 1, 70}}) {
-    SynthOptions so;
-    so.preset = c.preset;
-    so.type = "Q8_0";
-    so.n_layer = c.layers;
-    const auto path = std::filesystem::temp_directory_path() / "frink_mla_q8_0.gguf";
-    write_synth(plan_synth(so), path.string(), 0);
-    const auto m = load_model(path.string());
+    const SynthFile f(c.preset, "Q8_0", c.layers, "frink_mla_q8_0.gguf");
+    Model* m = f.m.get();
     for (LayerPlan& p : m->hp.layers)
       if (p.ffn == FfnKind::kMoe) p.moe.n_group = 8, p.moe.n_group_used = 3;
     const int kSteps = 6;
@@ -526,7 +529,6 @@ TEST(DeviceMla, LiteShapesMatchHost) {
         n_clear += expect_fed_run_matches(*m, host, o, c.n_prompt, 3e-3, what, il < 0);
       }
     EXPECT_GT(n_clear, 0) << c.preset;  // not vacuous
-    std::filesystem::remove(path);
   }
 }
 
@@ -550,13 +552,8 @@ TEST(DeviceParityMoe, WideSharedExpertInSlotsEqualsSeparate) {
   };
   for (const Case c : {Case{"deepseek-v2-lite", 2, 2}, Case{"qwen1.5-moe-a2.7b", 1, 4}})
     for (const char* type : {"Q4_0", "Q8_0"}) {
-      SynthOptions so;
-      so.preset = c.preset;
-      so.type = type;
-      so.n_layer = c.layers;
-      const auto path = std::filesystem::temp_directory_path() / "frink_wide_shared.gguf";
-      write_synth(plan_synth(so), path.string(), 0);
-      const auto m = load_model(path.string());
+      const SynthFile f(c.preset, type, c.layers, "frink_wide_shared.gguf");
+      Model* m = f.m.get();
       const MoePlan& mp = m->hp.layers[static_cast<size_t>(c.layers - 1)].moe;
       ASSERT_EQ(mp.n_ff_shexp, c.slots * mp.n_ff_exp);
       for (int64_t nb : {512, 5}) {
@@ -575,8 +572,7 @@ TEST(DeviceParityMoe, WideSharedExpertInSlotsEqualsSeparate) {
         EXPECT_LT(e_pre, 1e-4) << what;
         EXPECT_LT(e_dec, 1e-4) << what;
       }
-      std::filesystem::remove(path);
-    }
+      }
 }
 
 #ifdef FRINK_HAVE_CUDA
@@ -682,13 +678,8 @@ TEST(DevicePlacement, PromptBatchesLendTheHostLayersTheDevice) {
 // (the bound is WideSharedExpertInSlotsEqualsSeparate's: the order of sums across rounding steps).
 TEST(DevicePlacement, LentWideSharedExpertEqualsSeparate) {
   FRINK_REQUIRE_GPU();
-  SynthOptions so;
-  so.preset = "deepseek-v2-lite";
-  so.type = "Q4_0";
-  so.n_layer = 2;
-  const auto path = std::filesystem::temp_directory_path() / "frink_dsv2_lent.gguf";
-  write_synth(plan_synth(so), path.string(), 0);
-  const auto m = load_model(path.string());
+  const SynthFile f("deepseek-v2-lite", "Q4_0", 2, "frink_dsv2_lent.gguf");
+  Model* m = f.m.get();
   DecoderOptions lent = opts(DeviceChoice::kCuda, 512), separate = lent;
   lent.n_gpu_layers = separate.n_gpu_layers = 0;
   separate.hooks.separate_shared_expert = true;
@@ -702,7 +693,6 @@ TEST(DevicePlacement, LentWideSharedExpertEqualsSeparate) {
   EXPECT_LT(e_pre, 1e-4);
   EXPECT_GT(e_pre, 0.0);  // the slots ran (their sums in another order; resident: 3.4e-6, H200)
   EXPECT_EQ(e_dec, 0.0);  // decode steps on the host alike
-  std::filesystem::remove(path);
 }
 #endif
 
