@@ -39,8 +39,8 @@ __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return *reinterpr
 // entries, and constant memory serializes distinct addresses; gpt-oss-20b MXFP4's expert
 // products took 114 us a launch (2 layers, 4 slots of 2880 x 2880, ncu, H200) that way.
 constexpr uint32_t pack_s8x4(int a, int b, int c, int d) {
-  return static_cast<uint32_t>(a & 0xFF) | static_cast<uint32_t>(b & 0xFF) << 8 | static_cast<uint32_t>(c & 0xFF) << 16 |
-         static_cast<uint32_t>(d & 0xFF) << 24;
+  return static_cast<uint32_t>(a & 0xFF) | static_cast<uint32_t>(b & 0xFF) << 8 |
+         static_cast<uint32_t>(c & 0xFF) << 16 | static_cast<uint32_t>(d & 0xFF) << 24;
 }
 struct Iq4nlBook {
   static constexpr uint32_t w[4] = {pack_s8x4(-127, -104, -83, -65), pack_s8x4(-49, -35, -22, -10),

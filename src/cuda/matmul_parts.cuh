@@ -235,8 +235,9 @@ void launch_glu_blocks_16bit(const GluParams& g, ActRound kind, __half* out);
 bool staged_ok(const MatmulParams& p);
 template <int T>
 void matvec_launch(const MatmulParams& p, const Args& a0);  // the generic kernel, any type
+// Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (and their x8 forms), MXFP4, F16, BF16.
 template <int T>
-void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0);  // Q4_0 Q8_0 Q4_K Q5_K Q6_K F16 BF16
+void matvec_stream_launch(const MatmulParams* ps, int n, const StagedAct& x0);
 
 // gemm.cu: larger batches through cuBLAS. x_ready: x's 16-bit copy is already in the scratch.
 template <int T>

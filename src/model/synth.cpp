@@ -248,7 +248,8 @@ void expert_ffn(PlanBuilder& b, const SynthPreset& p, int64_t il, bool bias) {
 
 // A shared expert n_ff_shexp wide with its sigmoid gate (qwen2moe, qwen3next).
 void shared_expert(PlanBuilder& b, const SynthPreset& p, int64_t il) {
-  b.f32(blk_name(il, "ffn_gate_inp_shexp.weight"), {p.n_embd}, 0.0f, static_cast<float>(1.0 / std::sqrt(double(p.n_embd))));
+  b.f32(blk_name(il, "ffn_gate_inp_shexp.weight"), {p.n_embd}, 0.0f,
+        static_cast<float>(1.0 / std::sqrt(double(p.n_embd))));
   b.in_proj(blk_name(il, "ffn_gate_shexp.weight"), {p.n_embd, p.n_ff_shexp}, il);
   b.in_proj(blk_name(il, "ffn_up_shexp.weight"), {p.n_embd, p.n_ff_shexp}, il);
   b.out_proj(blk_name(il, "ffn_down_shexp.weight"), {p.n_ff_shexp, p.n_embd}, il);

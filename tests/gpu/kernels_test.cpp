@@ -1203,7 +1203,8 @@ TEST(CudaKernels, RoutingMatchesHost) {
       wide.insert(wide.end(), logits.begin() + t * c.n_expert, logits.begin() + (t + 1) * c.n_expert);
       wide.push_back(gate[static_cast<size_t>(t)]);
     }
-    for (const auto& [n_shared, gated] : {std::pair{1, false}, std::pair{1, true}, std::pair{3, true}, std::pair{2, false}}) {
+    for (const auto& [n_shared, gated] :
+         {std::pair{1, false}, std::pair{1, true}, std::pair{3, true}, std::pair{2, false}}) {
       const int64_t ks = c.k + n_shared;
       const std::string what = "shared " + std::to_string(n_shared) + (gated ? " gated" : "");
       Dev<float> dwide(gated ? wide : logits), dws(static_cast<size_t>(n_tok * ks));
