@@ -165,6 +165,23 @@ TEST(Synth, DeepseekLayoutsMatchLlamaCpp) {
   EXPECT_EQ(routing["deepseek2.expert_group_used_count"], 4);
 }
 
+// Qwen1.5-MoE-A2.7B (llama.cpp's qwen2moe loader): q/k/v biases and no output bias, 60
+// experts, and a shared expert four routed ones wide under a sigmoid gate of one f32 row.
+TEST(Synth, Qwen2MoeLayoutMatchesLlamaCpp) {
+  const auto m = by_name(plan("qwen1.5-moe-a2.7b", "Q4_0", 1));
+  expect_tensor(m, "blk.0.attn_q.bias", {2048});
+  expect_tensor(m, "blk.0.attn_k.weight", {2048, 2048});  // 16 kv heads x 128
+  expect_tensor(m, "blk.0.ffn_gate_exps.weight", {2048, 1408, 60});
+  expect_tensor(m, "blk.0.ffn_down_exps.weight", {1408, 2048, 60});
+  expect_tensor(m, "blk.0.ffn_gate_inp.weight", {2048, 60});
+  expect_tensor(m, "blk.0.ffn_gate_inp_shexp.weight", {2048});
+  expect_tensor(m, "blk.0.ffn_up_shexp.weight", {2048, 5632});
+  expect_tensor(m, "blk.0.ffn_down_shexp.weight", {5632, 2048});
+  EXPECT_EQ(m.count("blk.0.attn_output.bias"), 0u);
+  EXPECT_EQ(m.count("blk.0.ffn_gate.weight"), 0u);
+  EXPECT_EQ(m.at("blk.0.ffn_gate_inp_shexp.weight").type, GgmlType::F32);
+}
+
 TEST(Synth, GptOssExpertsAreMxfp4) {
   const auto m = by_name(plan("gpt-oss-20b", "MXFP4", 1));
   expect_tensor(m, "blk.0.ffn_gate_exps.weight", {2880, 2880, 32});
