@@ -442,20 +442,7 @@ const void* DeviceWeights::upload(const void* host, size_t n_bytes) {
 }
 
 const float* DeviceWeights::upload_values(const std::vector<float>& v) {
-  if (fill_) {  // v is the caller's temporary: copied before it goes
-    char* d = fill_place(v.size() * sizeof(float));
-    if (d) {
-      FRINK_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, fill_->stream));
-      FRINK_CUDA_CHECK(cudaStreamSynchronize(fill_->stream));
-    }
-    return reinterpret_cast<const float*>(d);
-  }
-  void* d = nullptr;
-  FRINK_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(float)));
-  allocations_.push_back(d);
-  FRINK_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
-  bytes_ += v.size() * sizeof(float);
-  return static_cast<const float*>(d);
+  return static_cast<const float*>(upload_joined({{v.data(), v.size() * sizeof(float)}}, true));
 }
 
 const float* DeviceWeights::upload_vec(const float* host, int64_t n) {
