@@ -17,13 +17,16 @@
 //   layer at 512 splits. It may also write its output as Q8_0 blocks (out_q8) for the wo
 //   product: ncu (H200 decode) showed a separate quantize_q8_kernel of ~2.2 us per dense
 //   Q4_0/Q8_0 layer; in the merge it is one warp reduction per block (unmeasured).
-// - Prefill (n_tok >= kAttnMmaMinTok, head dim 64/128): flash-attention on tensor cores
+// - Prefill (n_tok >= kAttnMmaMinTok, head dim 64/128/256): flash-attention on tensor cores
 //   (mma.sync m16n8k16, f16 inputs converted from the f32 mirror rows in shared memory, f32
 //   accumulate and softmax; the next K/V tile's cp.async copies fly during the current
-//   tile's products). 2 blocks per SM (239 registers, 101 KiB shared at head dim 128).
+//   tile's products). 2 blocks per SM (250 registers, 101 KiB shared at head dim 128).
 //   Expected pp512 at depth 16384 on 8B: attention from ~1.1 s to ~15-25 ms per batch
 //   (pp512 ~450 -> ~5000 t/s); depth 4096 ~4-6 ms (1630 -> ~6000 t/s). Smaller batches and
-//   other head dims keep the exact f32 tiled kernel (or split-K above 128).
+//   other head dims keep the exact f32 tiled kernel (or split-K above 128). Head dim 256
+//   (gemma2/3, qwen3-next, qwen3.5) joined later; it took split-K before. Q4_0 synth pp512
+//   (H200, calls of one session): gemma3-12b 4472 -> 11994 t/s, qwen3.5-9b (8 attention
+//   layers of 32) 7802 -> 8437.
 // - Per-head split-K kernel (attn_partial_kernel) stays for head dims not a multiple of 4 or
 //   unaligned mirrors; it writes the same partials for the same merge.
 // - Risks to watch on the first device run: the >48 KiB opt-in (cudaFuncSetAttribute) may
@@ -460,9 +463,9 @@ __device__ __forceinline__ void cp_async_wait_all() {
 //   reads each tile (32 blocks at an 8B pp512), and the attention kernel converted it itself
 //   until ncu showed the conversions to be most of its instructions.
 // - attn_prefill_mma_kernel: grid (ceil(n_tok / kMmaRows), n_head), kMmaWarps warps; warp w
-//   owns query rows t0 + 16 w .. + 15 and the block walks its keys in tiles of kMmaKeys
-//   aligned to multiples of kMmaKeys, double-buffered in shared memory by cp.async (the next
-//   tile's copies are in flight while the current tile's products run). Q is converted once.
+//   owns query rows t0 + 16 w .. + 15 and the block walks its keys in steps of kMmaStepKeys
+//   aligned to multiples of it, double-buffered in shared memory by cp.async (the next
+//   step's copies are in flight while the current step's products run). Q is converted once.
 // S = Q K^T and O += P V are mma.sync m16n8k16 (f16 in, f32 accumulate); scale, softcap,
 // ALiBi, masks (causal, window) and the online softmax act on the S fragments in f32 (log2
 // units); P goes to f16 for the P V product straight from the S registers (an m16n8
@@ -477,14 +480,30 @@ __device__ __forceinline__ void cp_async_wait_all() {
 constexpr int kMmaWarps = 4, kMmaRows = 16 * kMmaWarps, kMmaKeys = 64;
 constexpr float kF16Safe = 60000.0f, kF16Down = 1.0f / 32768.0f, kF16Up = 32768.0f;
 
+// Keys a block holds and steps over at once: kMmaKeys, or half a scratch tile at head dim 256,
+// whose O accumulators (128 registers a thread) leave no room for a 64-key S tile and Q in
+// registers. Q then stays in shared memory and is read by ldmatrix each step, and the block
+// (101376 bytes) fits sm_86's opt-in limit and two a SM on the H200.
 template <int D>
-struct MmaTile {
+constexpr int kMmaStepKeys = D > 128 ? kMmaKeys / 2 : kMmaKeys;
+template <int D>
+struct MmaKV {
   // Two K/V tiles (the current one and the next in flight). Rows of D + 8 halves (4 mod 32
-  // words): the 8 rows of an ldmatrix phase hit 32 banks. Q is staged in k[1] first.
-  __half k[2][kMmaKeys][D + 8];
-  __half v[2][kMmaKeys][D + 8];
+  // words): the 8 rows of an ldmatrix phase hit 32 banks.
+  __half k[2][kMmaStepKeys<D>][D + 8];
+  __half v[2][kMmaStepKeys<D>][D + 8];
 };
-static_assert(kMmaRows == kMmaKeys, "Q is staged in a K tile's buffer");
+// Up to head dim 128 Q is staged in k[1] (kMmaRows rows) and kept in registers.
+template <int D>
+struct MmaTile : MmaKV<D> {
+  static_assert(kMmaRows == kMmaStepKeys<D>, "Q is staged in a K tile's buffer");
+  __device__ __half (*q())[D + 8] { return this->k[1]; }
+};
+template <>
+struct MmaTile<256> : MmaKV<256> {
+  __half q_rows[kMmaRows][256 + 8];
+  __device__ __half (*q())[256 + 8] { return q_rows; }
+};
 
 // The f16 copy in the scratch: per KV head, n_tiles tiles of K, then of V (kMmaKeys x D
 // halves each), then a byte per KV head and tile: bit 0 K, bit 1 V stored x kF16Down.
@@ -591,13 +610,15 @@ __global__ void __launch_bounds__(kKv16Threads) kv16_kernel(AttnParams p) {
   if (threadIdx.x == 0) kv16_flags<D>(p)[hk * kv16_tiles(p.max_keys) + tile] = (kdown ? 1 : 0) | (vdown ? 2 : 0);
 }
 
-// Tile `tile` of KV head hk from the f16 copy into buffer b (cp.async; completed by
-// cp_async_wait_all and a barrier).
+// Step `step` (keys kMmaStepKeys<D> x step ..) of KV head hk from the f16 copy into buffer b
+// (cp.async; completed by cp_async_wait_all and a barrier).
 template <int D>
-__device__ __forceinline__ void issue_tile(MmaTile<D>& sm, int b, const AttnParams& p, int64_t hk, int64_t tile) {
-  const __half* ks = kv16_tile<D>(p, hk, tile, 0);
-  const __half* vs = kv16_tile<D>(p, hk, tile, 1);
-  for (int i = threadIdx.x; i < kMmaKeys * D / 8; i += kMmaWarps * 32) {
+__device__ __forceinline__ void issue_tile(MmaTile<D>& sm, int b, const AttnParams& p, int64_t hk, int64_t step) {
+  constexpr int kSK = kMmaStepKeys<D>;
+  const int64_t tile = step * kSK / kMmaKeys, row = step * kSK % kMmaKeys;
+  const __half* ks = kv16_tile<D>(p, hk, tile, 0) + row * D;
+  const __half* vs = kv16_tile<D>(p, hk, tile, 1) + row * D;
+  for (int i = threadIdx.x; i < kSK * D / 8; i += kMmaWarps * 32) {
     const int r = i / (D / 8), c = i % (D / 8);
     cp_async16(&sm.k[b][r][8 * c], ks + 8 * i);
     cp_async16(&sm.v[b][r][8 * c], vs + 8 * i);
@@ -608,6 +629,8 @@ template <int D>
 __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnParams p) {
   extern __shared__ float4 mma_smem_raw[];  // dynamic: over 48 KiB
   MmaTile<D>& sm = *reinterpret_cast<MmaTile<D>*>(mma_smem_raw);
+  constexpr int kSK = kMmaStepKeys<D>;
+  constexpr bool kQRegs = D <= 128;  // Q's A fragments in registers, else read from sm.q() each step
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
   const int64_t h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
@@ -622,14 +645,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 
   // Q (unscaled: p.scale is applied to the f32 product, so a small scale cannot push
   // queries into f16 subnormals) into A fragments for the D / 16 k-steps.
-  uint32_t qa[D / 16][4];
+  uint32_t qa[kQRegs ? D / 16 : 2][4];
   float qmul = 1.0f;
-  const int64_t tile0 = block_first / kMmaKeys, tile_end = (block_end + kMmaKeys - 1) / kMmaKeys;
+  const int rw = warp * 16;
+  const int64_t tile0 = block_first / kSK, tile_end = (block_end + kSK - 1) / kSK;  // steps of kSK keys
   const uint8_t* flags = kv16_flags<D>(p) + hk * kv16_tiles(p.max_keys);
   issue_tile<D>(sm, 0, p, hk, tile0);
   {
     const float* qsrc = p.q + t0 * p.q_stride + h * D;
-    // Q times mul into sm.k[1] as f16; whether this thread saw a value beyond f16's safe range.
+    // Q times mul into sm.q() as f16; whether this thread saw a value beyond f16's safe range.
     // Q rows need not be 16-byte aligned (q_stride is the caller's): scalar loads.
     const auto stage_q = [&](float mul) {
       bool big = false;
@@ -641,7 +665,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
           x = make_float4(s[0], s[1], s[2], s[3]);
         }
         big |= abs_max4(x) > kF16Safe;
-        store_half4(&sm.k[1][r][4 * c], mul4(x, mul));  // x * 1.0f is x exactly
+        store_half4(&sm.q()[r][4 * c], mul4(x, mul));  // x * 1.0f is x exactly
       }
       return big;
     };
@@ -650,13 +674,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
       stage_q(kF16Down);
       __syncthreads();
     }
-    const int rw = warp * 16;
+    if constexpr (kQRegs) {
 #pragma unroll
-    for (int s = 0; s < D / 16; ++s) {
-      qa[s][0] = *reinterpret_cast<const uint32_t*>(&sm.k[1][rw + g][16 * s + 2 * q4]);
-      qa[s][1] = *reinterpret_cast<const uint32_t*>(&sm.k[1][rw + g + 8][16 * s + 2 * q4]);
-      qa[s][2] = *reinterpret_cast<const uint32_t*>(&sm.k[1][rw + g][16 * s + 2 * q4 + 8]);
-      qa[s][3] = *reinterpret_cast<const uint32_t*>(&sm.k[1][rw + g + 8][16 * s + 2 * q4 + 8]);
+      for (int s = 0; s < D / 16; ++s) {
+        qa[s][0] = *reinterpret_cast<const uint32_t*>(&sm.q()[rw + g][16 * s + 2 * q4]);
+        qa[s][1] = *reinterpret_cast<const uint32_t*>(&sm.q()[rw + g + 8][16 * s + 2 * q4]);
+        qa[s][2] = *reinterpret_cast<const uint32_t*>(&sm.q()[rw + g][16 * s + 2 * q4 + 8]);
+        qa[s][3] = *reinterpret_cast<const uint32_t*>(&sm.q()[rw + g + 8][16 * s + 2 * q4 + 8]);
+      }
     }
   }
 
@@ -667,26 +692,41 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
 
   for (int64_t tile = tile0; tile < tile_end; ++tile) {
     const int b = static_cast<int>((tile - tile0) % 2);
-    const int64_t j0 = tile * kMmaKeys;
-    const int fl = flags[tile];
+    const int64_t j0 = tile * kSK;
+    const int fl = flags[j0 / kMmaKeys];
     cp_async_wait_all();
     __syncthreads();  // the tile landed; every warp is done with the other buffer's tile (and
                       // with Q's staging in it)
     if (tile + 1 < tile_end) issue_tile<D>(sm, b ^ 1, p, hk, tile + 1);  // in flight during this tile
     const float kmul = fl & 1 ? kF16Down : 1.0f, vmul = fl & 2 ? kF16Down : 1.0f;
 
-    // S = Q K^T for this warp's 16 rows x kMmaKeys keys. Keys 8 n .. + 7, head dims 32 k2 ..
-    // + 31 as four 8x8 matrices: b0, b1 of k-steps 2 k2 and 2 k2 + 1.
-    float s[kMmaKeys / 8][4];
+    // S = Q K^T for this warp's 16 rows x kSK keys. Keys 8 n .. + 7, head dims 32 k2 .. + 31
+    // as four 8x8 matrices: b0, b1 of k-steps 2 k2 and 2 k2 + 1. Each s[n] sums its k-steps in
+    // order whichever loop is outside. Q from shared memory: k-steps outside, so each of Q's
+    // fragments is read once a step (ldmatrix, the layout of qa's loads above); Q in
+    // registers: keys outside, the order measured before head dim 256 came.
+    float s[kSK / 8][4];
 #pragma unroll
-    for (int n = 0; n < kMmaKeys / 8; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int n = 0; n < kSK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const auto k_step_pair = [&](int n, int k2, const uint32_t a0[4], const uint32_t a1[4]) {
+      uint32_t kb[4];
+      ldmatrix_x4<false>(kb, &sm.k[b][8 * n + lane % 8][32 * k2 + 8 * (lane / 8)]);
+      mma_f16_16816(s[n], a0, kb[0], kb[1]);
+      mma_f16_16816(s[n], a1, kb[2], kb[3]);
+    };
+    if constexpr (kQRegs) {
+#pragma unroll
+      for (int n = 0; n < kSK / 8; ++n)
+#pragma unroll
+        for (int k2 = 0; k2 < D / 32; ++k2) k_step_pair(n, k2, qa[2 * k2], qa[2 * k2 + 1]);
+    } else {
 #pragma unroll
       for (int k2 = 0; k2 < D / 32; ++k2) {
-        uint32_t kb[4];
-        ldmatrix_x4<false>(kb, &sm.k[b][8 * n + lane % 8][32 * k2 + 8 * (lane / 8)]);
-        mma_f16_16816(s[n], qa[2 * k2], kb[0], kb[1]);
-        mma_f16_16816(s[n], qa[2 * k2 + 1], kb[2], kb[3]);
+        const int qr = rw + 8 * ((lane / 8) % 2) + lane % 8;
+        ldmatrix_x4<false>(qa[0], &sm.q()[qr][32 * k2 + 8 * (lane / 16)]);
+        ldmatrix_x4<false>(qa[1], &sm.q()[qr][32 * k2 + 16 + 8 * (lane / 16)]);
+#pragma unroll
+        for (int n = 0; n < kSK / 8; ++n) k_step_pair(n, k2, qa[0], qa[1]);
       }
     }
     // Logits as attn_logit has them (scale, softcap, ALiBi), masked to each row's keys, then
@@ -700,16 +740,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
     float dpos[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      lo[r] = static_cast<int>(min(max(kr[r].first - j0, int64_t{0}), static_cast<int64_t>(kMmaKeys)));
-      hi[r] = static_cast<int>(min(max(kr[r].end - j0, int64_t{0}), static_cast<int64_t>(kMmaKeys)));
+      lo[r] = static_cast<int>(min(max(kr[r].first - j0, int64_t{0}), static_cast<int64_t>(kSK)));
+      hi[r] = static_cast<int>(min(max(kr[r].end - j0, int64_t{0}), static_cast<int64_t>(kSK)));
       dpos[r] = static_cast<float>(kr[r].pos - j0);
     }
     float mt[2] = {-INFINITY, -INFINITY};
-    const bool whole = lo[0] == 0 && lo[1] == 0 && hi[0] == kMmaKeys && hi[1] == kMmaKeys;
+    const bool whole = lo[0] == 0 && lo[1] == 0 && hi[0] == kSK && hi[1] == kSK;
     if (__all_sync(0xffffffffu, whole) && plain) {
       const float f = sfac * kLog2e;
 #pragma unroll
-      for (int n = 0; n < kMmaKeys / 8; ++n)
+      for (int n = 0; n < kSK / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           s[n][e] *= f;
@@ -717,7 +757,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
         }
     } else {
 #pragma unroll
-      for (int n = 0; n < kMmaKeys / 8; ++n)
+      for (int n = 0; n < kSK / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, col = 8 * n + 2 * q4 + (e % 2);
@@ -741,7 +781,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
     }
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < kMmaKeys / 8; ++n)
+    for (int n = 0; n < kSK / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[n][e] = ex2(s[n][e] - mu[e / 2]);
@@ -760,7 +800,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_prefill_mma_kernel(AttnPa
     // k-step kk. P is in [0, 1]; x 2^15 when V was scaled down.
     const float ps = vmul == 1.0f ? 1.0f : kF16Up;
 #pragma unroll
-    for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+    for (int kk = 0; kk < kSK / 16; ++kk) {
       uint32_t pa[4];
       pa[0] = pack_half2(s[2 * kk][0] * ps, s[2 * kk][1] * ps);
       pa[1] = pack_half2(s[2 * kk][2] * ps, s[2 * kk][3] * ps);
@@ -1143,7 +1183,8 @@ void launch_kv_append(const float* k, const float* v, int64_t k_width, int64_t v
 }
 
 bool attn_uses_split_k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
-  return n_tok < kAttnPrefillMinTok || head_dim_k > kTileMaxDim || head_dim_v > kTileMaxDim;
+  const bool tiled = head_dim_k <= kTileMaxDim && head_dim_v <= kTileMaxDim;
+  return n_tok < kAttnPrefillMinTok || !(tiled || attn_uses_tensor_cores(n_tok, head_dim_k, head_dim_v));
 }
 
 bool attn_writes_q8_0(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
@@ -1156,7 +1197,8 @@ bool attn_writes_q8k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v, int6
 }
 
 bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v) {
-  return n_tok >= kAttnMmaMinTok && head_dim_k == head_dim_v && (head_dim_k == 64 || head_dim_k == 128);
+  return n_tok >= kAttnMmaMinTok && head_dim_k == head_dim_v &&
+         (head_dim_k == 64 || head_dim_k == 128 || head_dim_k == 256);
 }
 
 size_t attn_scratch_floats(int64_t n_tok, int64_t max_keys, int64_t n_head, int64_t n_head_kv, int64_t head_dim_k,
@@ -1296,6 +1338,16 @@ AttnSplit attn_split(const AttnParams& p) {
   return {sp.tk, sp.chunk, sp.even_splits};
 }
 
+template <int D>
+void launch_prefill_mma(const AttnParams& p) {
+  const unsigned n_blk = static_cast<unsigned>((p.n_tok + kMmaRows - 1) / kMmaRows);
+  const dim3 kv_grid(static_cast<unsigned>(kv16_tiles(p.max_keys)), static_cast<unsigned>(p.n_head_kv));
+  kv16_kernel<D><<<kv_grid, kKv16Threads, 0, p.stream>>>(p);
+  opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<D>), sizeof(MmaTile<D>));
+  attn_prefill_mma_kernel<D>
+      <<<dim3(n_blk, static_cast<unsigned>(p.n_head)), kMmaWarps * 32, sizeof(MmaTile<D>), p.stream>>>(p);
+}
+
 void launch_attention(const AttnParams& p) {
   FRINK_CUDA_CHECK(p.head_dim_k <= kAttnMaxHeadDim && p.head_dim_v <= kAttnMaxHeadDim && p.n_head_kv > 0 &&
                            p.n_head % p.n_head_kv == 0 && p.pos && p.max_keys >= p.n_tok &&
@@ -1309,21 +1361,22 @@ void launch_attention(const AttnParams& p) {
   const bool rows16 = aligned16(p.k) && aligned16(p.v);  // K/V rows as float4: base aligned, widths % 4
   if (!attn_uses_split_k(p.n_tok, p.head_dim_k, p.head_dim_v)) {
     const unsigned n_head = static_cast<unsigned>(p.n_head);
-    const size_t mma_smem = p.head_dim_k == 64 ? sizeof(MmaTile<64>) : sizeof(MmaTile<128>);
-    if (attn_uses_tensor_cores(p.n_tok, p.head_dim_k, p.head_dim_v) && dl.major >= 8 && rows16 &&
-        mma_smem <= static_cast<size_t>(dl.smem_optin)) {
+    const size_t mma_smem = p.head_dim_k == 64    ? sizeof(MmaTile<64>)
+                            : p.head_dim_k == 128 ? sizeof(MmaTile<128>)
+                                                  : sizeof(MmaTile<256>);
+    const bool mma = attn_uses_tensor_cores(p.n_tok, p.head_dim_k, p.head_dim_v) && dl.major >= 8 && rows16 &&
+                     mma_smem <= static_cast<size_t>(dl.smem_optin);
+    // Head dims above kTileMaxDim have no other prefill kernel (attn_uses_split_k counted on
+    // this one): sm_80+ is the device probe's floor and the mirrors are cudaMalloc'd.
+    FRINK_CUDA_CHECK(mma || p.head_dim_k <= kTileMaxDim ? cudaSuccess : cudaErrorInvalidValue);
+    if (mma) {
       FRINK_CUDA_CHECK(p.partial ? cudaSuccess : cudaErrorInvalidValue);  // the f16 copy's scratch
-      const unsigned n_blk = static_cast<unsigned>((p.n_tok + kMmaRows - 1) / kMmaRows);
-      const dim3 kv_grid(static_cast<unsigned>(kv16_tiles(p.max_keys)), static_cast<unsigned>(p.n_head_kv));
-      if (p.head_dim_k == 64) {
-        kv16_kernel<64><<<kv_grid, kKv16Threads, 0, p.stream>>>(p);
-        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<64>), sizeof(MmaTile<64>));
-        attn_prefill_mma_kernel<64><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<64>), p.stream>>>(p);
-      } else {
-        kv16_kernel<128><<<kv_grid, kKv16Threads, 0, p.stream>>>(p);
-        opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<128>), sizeof(MmaTile<128>));
-        attn_prefill_mma_kernel<128><<<dim3(n_blk, n_head), kMmaWarps * 32, sizeof(MmaTile<128>), p.stream>>>(p);
-      }
+      if (p.head_dim_k == 64)
+        launch_prefill_mma<64>(p);
+      else if (p.head_dim_k == 128)
+        launch_prefill_mma<128>(p);
+      else
+        launch_prefill_mma<256>(p);
     } else {
       attn_prefill_kernel<<<dim3(static_cast<unsigned>((p.n_tok + kTileWarps - 1) / kTileWarps), n_head),
                             kTileWarps * 32, 0, p.stream>>>(p);

@@ -84,8 +84,9 @@ bool attn_writes_q8_0(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 // heads a whole number of 256-blocks.
 bool attn_writes_q8k(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v, int64_t n_head);
 // Whether a prefill batch (not split-K) of this shape takes the tensor-core kernel (when the
-// device is sm_80+ and the mirrors 16-byte aligned; otherwise the f32 tiled kernel). Features
-// (windows, ALiBi, sinks, softcap, GQA) are all handled there.
+// device is sm_80+ and the mirrors 16-byte aligned; otherwise the f32 tiled kernel, which
+// takes head dims up to 128 only). Features (windows, ALiBi, sinks, softcap, GQA) are all
+// handled there.
 bool attn_uses_tensor_cores(int64_t n_tok, int64_t head_dim_k, int64_t head_dim_v);
 // Scratch floats (AttnParams::partial) a batch of this shape needs for a grid sized by
 // max_keys: the split-K partials, or the tensor-core prefill's f16 copy of the K/V rows it

@@ -233,10 +233,11 @@ TEST(CudaAttention, DecodeTileRulesMatchReference) {
   }
 }
 
-// Prefill batches: the tensor-core kernel from kAttnMmaMinTok queries at head dims 64/128
+// Prefill batches: the tensor-core kernel from kAttnMmaMinTok queries at head dims 64/128/256
 // (with pos0 > 0, partial query and key tiles, GQA, windows narrower than a tile, ALiBi,
-// sinks, softcap, and inputs beyond f16's range), the f32 tiled kernel for the rest, and
-// split-K with several 64-key tiles per split for head dims above 128.
+// sinks, softcap, and inputs beyond f16's range; head dim 256 steps over half tiles), the f32
+// tiled kernel for the rest, and split-K with several 64-key tiles per split for smaller
+// batches at head dims above 128.
 TEST(CudaAttention, PrefillMatchesReference) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(31);
@@ -253,8 +254,11 @@ TEST(CudaAttention, PrefillMatchesReference) {
       {8, 0, 4, 2, 128},                                    // below kAttnMmaMinTok: f32 tiled
       {100, 300, 8, 2, 128},                                // f32 tiled
       {140, 5, 4, 2, 72},                                   // head dim 72: f32 tiled
-      {160, 10, 4, 4, 256},                                 // head dim 256: split-K, 512-key splits
-      {40, 1200, 8, 2, 256, 0.0f, 0, 700, false, true},     // ... a window starting inside a split
+      {160, 10, 4, 4, 256},                                 // head dim 256: tensor cores, Q from shared memory
+      {300, 1000, 16, 8, 256, 0.0f, 0, 1024},               // gemma3-12b's heads, a window over half-tile steps
+      {200, 77, 8, 4, 256, 50.0f, 0, 0, false, true},       // gemma2's softcap, sinks, partial steps
+      {130, 40, 4, 2, 256, 0.0f, 0, 0, true, false, 1e5f, 1e5f},  // ALiBi; |q|, |k|, |v| beyond f16
+      {40, 1200, 8, 2, 256, 0.0f, 0, 700, false, true},     // head dim 256 below kAttnMmaMinTok: split-K
       {20, 1500, 4, 1, 128, 30.0f, 4096, 0, true},          // head dim 128 below kAttnMmaMinTok: f32 tiled
   };
   for (const Case& c : cases) {
@@ -284,6 +288,8 @@ TEST(CudaAttention, PrefillScratchReusedAcrossBatches) {
       {130, 40, 8, 2, 128},
       {160, 200, 8, 2, 128, 0.0f, 0, 0, false, false, 1.0f, 1e5f},
       {200, 250, 8, 2, 128},
+      {140, 90, 8, 2, 256, 0.0f, 0, 0, false, false, 1.0f, 1e5f},  // half-tile steps read the same flags
+      {150, 60, 8, 2, 256},
   };
   size_t most = 0;
   for (const Case& c : cases)
