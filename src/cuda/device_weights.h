@@ -161,6 +161,11 @@ class DeviceWeights {
   // all_layers: every layer is on the device too, so a token graph takes its token's row there.
   void upload_head(const Model& m, bool all_layers);
   const void* upload(const void* host, size_t n_bytes);
+  // Whether uploads copy bytes (not a fill that only counts them).
+  bool copies() const { return !fill_ || fill_->base; }
+  // parts (whole rows of row_bytes) with each row padded to dev_row_bytes (device_row_bytes).
+  const void* upload_rows(const std::vector<std::pair<const void*, size_t>>& parts, size_t row_bytes,
+                          size_t dev_row_bytes, bool temporary = false);
   const float* upload_vec(const float* host, int64_t n);
   const float* upload_values(const std::vector<float>& v);  // computed here, never shared
   DeviceLinear linear(const Linear& l);
