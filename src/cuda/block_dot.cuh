@@ -368,9 +368,9 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
   } else if constexpr (T == kMXFP4) {
     // Q4_0's lanes: 2 a 17-byte block, lane k taking qs bytes [8k, 8k + 8) (elements 8k.. from
     // the low nibbles, 16 + 8k.. from the high), their code book entries by register lookups
-    // (book16x4) into dp4a: the host's vec_dot_mxfp4_q8_0, the integer dot times d_x * 2^(e -
+    // (book16x8) into dp4a: the host's vec_dot_mxfp4_q8_0, the integer dot times d_x * 2^(e -
     // 128). Why not the float kernel: gpt-oss-20b's expert products read the activation as 32
-    // floats a block there. The blocks are byte aligned: the quants come a byte at a time.
+    // floats a block there.
     constexpr int kBytes = BlockGeom<T>::kBytes;
     const int k = lane % 2;
     const int64_t n_blk = a.n_in / 32;
@@ -389,17 +389,19 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
       for (int r = 0; r < R; ++r) {
         const uint8_t* b = s + r * rs + i * kBytes;
         const float dw = e8m0_half(b[0]);
-        const uint8_t* q = b + 1 + 8 * k;
-        const uint32_t v0 = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
-        const uint32_t v1 = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<uint32_t>(q[7]) << 24);
-        const int w0 = book16x4<Mxfp4Book>(v0 & 0x0F0F0F0Fu), w1 = book16x4<Mxfp4Book>(v1 & 0x0F0F0F0Fu);
-        const int w2 = book16x4<Mxfp4Book>((v0 >> 4) & 0x0F0F0F0Fu), w3 = book16x4<Mxfp4Book>((v1 >> 4) & 0x0F0F0F0Fu);
+        // The 8 quant bytes from the aligned words that hold them (2 or 3), funnel-shifted:
+        // byte loads took 8 loads and 6 merges.
+        const uintptr_t qa = reinterpret_cast<uintptr_t>(b + 1 + 8 * k);
+        const uint32_t* qw = reinterpret_cast<const uint32_t*>(qa & ~uintptr_t{3});
+        const uint32_t sh = static_cast<uint32_t>(qa & 3) * 8, a0 = qw[0], a1 = qw[1], a2 = sh ? qw[2] : 0u;
+        const int2 w01 = book16x8<Mxfp4Book>(__funnelshift_r(a0, a1, sh));  // elements 8k.. and 16 + 8k..
+        const int2 w23 = book16x8<Mxfp4Book>(__funnelshift_r(a1, a2, sh));  // 8k + 4.. and 20 + 8k..
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          int sum = __dp4a(w0, u0[t].x, 0);
-          sum = __dp4a(w1, u0[t].y, sum);
-          sum = __dp4a(w2, u1[t].x, sum);
-          sum = __dp4a(w3, u1[t].y, sum);
+          int sum = __dp4a(w01.x, u0[t].x, 0);
+          sum = __dp4a(w23.x, u0[t].y, sum);
+          sum = __dp4a(w01.y, u1[t].x, sum);
+          sum = __dp4a(w23.y, u1[t].y, sum);
           acc[r][t] += static_cast<float>(sum) * (dw * dx[t]);
         }
       }

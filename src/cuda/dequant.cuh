@@ -59,16 +59,25 @@ __device__ __forceinline__ int book16(int q) {
   return static_cast<int8_t>((q & 8 ? hi : lo) & 0xFF);
 }
 
-// Four entries of the book at once, for dp4a: byte i of the result is entry (byte i of q4),
-// each byte of q4 a 4-bit index.
+// Eight entries of the book at once, for dp4a: q8 holds eight 4-bit indices, byte j's low
+// nibble element j and its high nibble element j + 16 (a 32-element block's layout); .x is
+// the entries of the four low nibbles, .y of the four high ones, byte j each. __byte_perm
+// reads its selector's nibbles as byte indices 0-7 (bit 3 ignored): the low and high halves
+// of the book looked up for four indices at a time, then bit 3 picks between them (selector
+// byte + 4), then the bytes are put in element order. 12 instructions for 8 entries, where a
+// lookup of each byte's index did 4 entries in about 10 (ncu: gpt-oss-20b's MXFP4 experts at
+// 1.1 TB/s).
 template <class Book>
-__device__ __forceinline__ int book16x4(uint32_t q4) {
+__device__ __forceinline__ int2 book16x8(uint32_t q8) {
   constexpr uint32_t w0 = Book::w[0], w1 = Book::w[1], w2 = Book::w[2], w3 = Book::w[3];
-  const uint32_t t = q4 & 0x07070707u, u = t | (t >> 4);
-  const uint32_t sel = (u & 0xFFu) | ((u >> 8) & 0xFF00u);  // the four 3-bit indices as selector nibbles
-  const uint32_t lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
-  const uint32_t m = ((q4 >> 3) & 0x01010101u) * 0xFFu;  // bytes whose index has bit 3
-  return static_cast<int>((lo & ~m) | (hi & m));
+  const uint32_t pick = 0x32103210u | ((q8 >> 1) & 0x44444444u);  // 4 + byte where bit 3 is set
+  uint32_t e[2];  // entries of nibbles 0-3 and 4-7, in nibble order
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t sel = q8 >> (16 * i);
+    e[i] = __byte_perm(__byte_perm(w0, w1, sel), __byte_perm(w2, w3, sel), pick >> (16 * i));
+  }
+  return make_int2(static_cast<int>(__byte_perm(e[0], e[1], 0x6420)), static_cast<int>(__byte_perm(e[0], e[1], 0x7531)));
 }
 
 // MXFP4's scale byte as the host's e8m0_to_f32_half: 2^(e - 128), the code book's values being
