@@ -37,12 +37,17 @@ size_t device_row_bytes(GgmlType t, size_t row_bytes) {
   return (row_bytes + 15) / 16 * 16;
 }
 
+// The rows of row_bytes that parts hold (each a whole number of them).
+size_t rows_in(const std::vector<std::pair<const void*, size_t>>& parts, size_t row_bytes) {
+  size_t n_rows = 0;
+  for (const auto& part : parts) n_rows += part.second / row_bytes;
+  return n_rows;
+}
+
 // parts (whole rows of row_bytes each) joined, each row padded with zeros to dev_row_bytes.
 std::vector<char> padded_rows(const std::vector<std::pair<const void*, size_t>>& parts, size_t row_bytes,
                               size_t dev_row_bytes) {
-  size_t n_rows = 0;
-  for (const auto& [p, bytes] : parts) n_rows += bytes / row_bytes;
-  std::vector<char> out(n_rows * dev_row_bytes, 0);
+  std::vector<char> out(rows_in(parts, row_bytes) * dev_row_bytes, 0);
   size_t r = 0;
   for (const auto& [p, bytes] : parts)
     for (size_t i = 0; i < bytes / row_bytes; ++i, ++r)
@@ -560,9 +565,7 @@ const void* DeviceWeights::upload_rows(const std::vector<std::pair<const void*, 
   if (auto it = seen.find(host); host && it != seen.end()) return it->second;
   const void* d = nullptr;
   if (!copies()) {
-    size_t n_rows = 0;
-    for (const auto& part : parts) n_rows += part.second / row_bytes;
-    d = upload_joined({{nullptr, n_rows * dev_row_bytes}}, false);
+    d = upload_joined({{nullptr, rows_in(parts, row_bytes) * dev_row_bytes}}, false);
   } else {
     const std::vector<char> padded = padded_rows(parts, row_bytes, dev_row_bytes);
     d = upload_joined({{padded.data(), padded.size()}}, true);
