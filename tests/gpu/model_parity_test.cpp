@@ -468,6 +468,17 @@ int expect_fed_run_matches(const Model& m, const ModelRun& host, const DecoderOp
   return n_clear;
 }
 
+// m's host run, then device runs of the prompt in batches of 512 and of 5, every layer on the
+// device (expect_fed_run_matches each, 6 decode steps), with some clear steps compared.
+void expect_batches_match_host(const Model& m, int n_prompt, double bound, const std::string& what) {
+  const ModelRun host = run_model(m, opts(DeviceChoice::kCpu, 512), n_prompt, 6);
+  int n_clear = 0;
+  for (int64_t nb : {512, 5})
+    n_clear += expect_fed_run_matches(m, host, opts(DeviceChoice::kCuda, nb), n_prompt, bound,
+                                      what + " b" + std::to_string(nb), true);
+  EXPECT_GT(n_clear, 0) << what;
+}
+
 // gpt-oss-20b's first layer as released (MXFP4 experts with biases, 32 of them with 4 used, the
 // clamped SwiGLU, a 128-token window with sinks; the other matrices Q8_0): 150 prompt tokens
 // in a batch of 512 (600 slots: its experts grouped, each expert's bias added after its product)
@@ -480,12 +491,7 @@ TEST(DeviceParityMoe, GptOssShapesMatchHost) {
   FRINK_REQUIRE_GPU();
   const SynthFile f("gpt-oss-20b", "MXFP4", 1, "frink_gpt_oss_mxfp4.gguf");
   Model* m = f.m.get();
-  const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 150, 6);
-  int n_clear = 0;
-  for (int64_t nb : {512, 5})
-    n_clear += expect_fed_run_matches(*m, host, opts(DeviceChoice::kCuda, nb), 150, 3e-3,
-                                      "gpt-oss-20b mxfp4 b" + std::to_string(nb), true);
-  EXPECT_GT(n_clear, 0);
+  expect_batches_match_host(*m, 150, 3e-3, "gpt-oss-20b mxfp4");
 }
 
 // gemma3-12b's first two layers (16 heads of 256 over 8 KV heads, QK-norm, a 1024-key window
@@ -504,12 +510,7 @@ TEST(DeviceParity, Gemma3ShapesMatchHost) {
 #ifdef FRINK_HAVE_CUDA
   ASSERT_TRUE(cuda::attn_uses_tensor_cores(150, m->hp.layers[0].head_dim_k, m->hp.layers[0].head_dim_v));
 #endif
-  const ModelRun host = run_model(*m, opts(DeviceChoice::kCpu, 512), 150, 6);
-  int n_clear = 0;
-  for (int64_t nb : {512, 5})
-    n_clear += expect_fed_run_matches(*m, host, opts(DeviceChoice::kCuda, nb), 150, 1e-3,
-                                      "gemma3-12b q8_0 b" + std::to_string(nb), true);
-  EXPECT_GT(n_clear, 0);
+  expect_batches_match_host(*m, 150, 1e-3, "gemma3-12b q8_0");
 }
 
 // DeepSeek-2's latent attention on the device (cuda_backend_mla.cpp) at a released model's
