@@ -188,6 +188,8 @@ class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
               const float* residual = nullptr, bool x_prepared = false, const GluParams* pre_glu = nullptr,
               const NormFold* fold_out = nullptr);
   void norm_rows(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride, bool layer);
+  // x_ += post_norm(branch) over the batch's rows, one launch.
+  void add_normed(const DeviceNorm& post_norm, const float* branch);
   NormParams norm_params(const DeviceNorm& n, const float* x, float* y, int64_t n_rows, int64_t len, int64_t stride,
                          bool layer) const;
   // pre_norm: h is that norm's output, launched here (with the gate/up products' activation

@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(kThreads) norm_kernel(NormParams p) {
   __shared__ float shared[32];
   const float* x = p.x + blockIdx.x * p.x_stride;
   float* y = p.y + blockIdx.x * p.y_stride;
+  const float* res = p.residual ? p.residual + blockIdx.x * p.y_stride : nullptr;
   float mean = 0.0f;
   if (p.layer_norm) {
     float s = 0.0f;
@@ -36,8 +37,8 @@ __global__ void __launch_bounds__(kThreads) norm_kernel(NormParams p) {
   }
   const float scale = rsqrtf(block_sum(ss, shared) / static_cast<float>(p.n) + p.eps);
   for (int64_t i = threadIdx.x; i < p.n; i += kThreads) {
-    const float v = (x[i] - mean) * scale * (p.w ? p.w[i] : 1.0f);
-    y[i] = p.b ? v + p.b[i] : v;
+    const float v = (x[i] - mean) * scale * (p.w ? p.w[i] : 1.0f), o = p.b ? v + p.b[i] : v;
+    y[i] = res ? res[i] + o : o;
   }
 }
 

@@ -18,6 +18,10 @@ struct NormParams {
   const float* b = nullptr;  // [n] or null (LayerNorm only)
   float eps = 0.0f;
   bool layer_norm = false;   // false: RMSNorm
+  // [n_rows][y_stride] or null: y = residual + norm(x), a sandwich norm (gemma's post-attention
+  // and post-FFN norms) and the residual add in one launch; may equal y. Bit for bit the norm
+  // then launch_add (x + o == o + x).
+  const float* residual = nullptr;
   cudaStream_t stream = nullptr;
 };
 

@@ -18,7 +18,7 @@ inline bool norm_aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q
 // Whether rows of p take the vector body: float4-aligned, at most kNormVecPer float4 a thread.
 inline bool norm_vec_ok(const NormParams& p) {
   return p.n % 4 == 0 && p.x_stride % 4 == 0 && p.y_stride % 4 == 0 && norm_aligned16(p.x) && norm_aligned16(p.y) &&
-         (!p.w || norm_aligned16(p.w)) && (!p.b || norm_aligned16(p.b)) &&
+         (!p.w || norm_aligned16(p.w)) && (!p.b || norm_aligned16(p.b)) && (!p.residual || norm_aligned16(p.residual)) &&
          p.n <= int64_t{kNormMaxThreads} * kNormVecPer * 4;
 }
 
@@ -91,6 +91,10 @@ __device__ __forceinline__ void norm_vec_row(const NormParams& p, float4 (&o)[kN
     if (p.b) {
       const float4 b = reinterpret_cast<const float4*>(p.b)[i];
       o[k].x += b.x, o[k].y += b.y, o[k].z += b.z, o[k].w += b.w;
+    }
+    if (p.residual) {
+      const float4 r = reinterpret_cast<const float4*>(p.residual + row * p.y_stride)[i];
+      o[k].x = r.x + o[k].x, o[k].y = r.y + o[k].y, o[k].z = r.z + o[k].z, o[k].w = r.w + o[k].w;
     }
     if constexpr (Store) y[i] = o[k];
   }

@@ -981,6 +981,29 @@ TEST(CudaKernels, NormPairEqualsTwoNorms) {
   }
 }
 
+// A sandwich norm with the residual add in its launch (NormParams::residual, in place on the
+// residual as the layer runs it) writes what the norm then launch_add write, bit for bit:
+// the float4 body and the scalar loop, RMSNorm and LayerNorm, one row and a batch.
+TEST(CudaKernels, NormWithResidualEqualsNormThenAdd) {
+  FRINK_REQUIRE_GPU();
+  std::mt19937 rng(67);
+  for (int64_t n : {3840, 37})
+    for (bool layer : {false, true})
+      for (int64_t rows : {1, 5}) {
+        const auto x = random_floats(rng, n * rows), res = random_floats(rng, n * rows);
+        const auto w = random_floats(rng, n), b = random_floats(rng, n);
+        Dev<float> dx(x), dw(w), db(b), dy(x.size()), sum_two(res), sum_one(res);
+        cuda::launch_norm(norm_params(dx.p, dy.p, n, rows, dw.p, layer ? db.p : nullptr, layer));
+        cuda::launch_add(sum_two.p, sum_two.p, dy.p, nullptr, n * rows, nullptr);
+        cuda::NormParams q = norm_params(dx.p, sum_one.p, n, rows, dw.p, layer ? db.p : nullptr, layer);
+        q.residual = sum_one.p;
+        cuda::launch_norm(q);
+        const auto one = sum_one.get(), two = sum_two.get();
+        EXPECT_EQ(one, two) << "n " << n << " layer " << layer << " rows " << rows;
+        EXPECT_NE(one, res);  // it added something
+      }
+}
+
 TEST(CudaKernels, NormsMatchHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(3);
