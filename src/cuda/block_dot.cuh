@@ -366,42 +366,48 @@ __device__ __forceinline__ void blocks_dot(const Args& a, const StagedAct& x, co
       }
     }
   } else if constexpr (T == kMXFP4) {
-    // Q4_0's lanes: 2 a 17-byte block, lane k taking qs bytes [8k, 8k + 8) (elements 8k.. from
-    // the low nibbles, 16 + 8k.. from the high), their code book entries by register lookups
-    // (book16x8) into dp4a: the host's vec_dot_mxfp4_q8_0, the integer dot times d_x * 2^(e -
-    // 128). Why not the float kernel: gpt-oss-20b's expert products read the activation as 32
-    // floats a block there.
+    // A lane a 17-byte block: its code book entries by register lookups (book16x8) into dp4a,
+    // the host's vec_dot_mxfp4_q8_0, the integer dot times d_x * 2^(e - 128). Why not the float
+    // kernel: gpt-oss-20b's expert products read the activation as 32 floats a block there. Why
+    // a lane a block, not Q4_0's two: the kernel is issue bound (ncu: SM 65%, DRAM 28%), and
+    // two lanes each loaded the activation's scale, the block's scale and their halves apart.
     constexpr int kBytes = BlockGeom<T>::kBytes;
-    const int k = lane % 2;
     const int64_t n_blk = a.n_in / 32;
-    for (int i = lane / 2; i < nb; i += kLanes / 2) {
+    for (int i = lane; i < nb; i += kLanes) {
       const int64_t ib = b0 + i;
-      int2 u0[NT], u1[NT];
+      int4 u0[NT], u1[NT];
       float dx[NT];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const int2* u = reinterpret_cast<const int2*>(x.q8 + t * a.n_in + ib * 32);
-        u0[t] = u[k];
-        u1[t] = u[2 + k];
+        const int4* u = reinterpret_cast<const int4*>(x.q8 + t * a.n_in + ib * 32);
+        u0[t] = u[0];  // elements 0..15
+        u1[t] = u[1];  // 16..31
         dx[t] = x.d8[t * n_blk + ib];
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const uint8_t* b = s + r * rs + i * kBytes;
-        const float dw = e8m0_half(b[0]);
-        // The 8 quant bytes from the aligned words that hold them (2 or 3), funnel-shifted:
-        // byte loads took 8 loads and 6 merges.
-        const uintptr_t qa = reinterpret_cast<uintptr_t>(b + 1 + 8 * k);
-        const uint32_t* qw = reinterpret_cast<const uint32_t*>(qa & ~uintptr_t{3});
-        const uint32_t sh = static_cast<uint32_t>(qa & 3) * 8, a0 = qw[0], a1 = qw[1], a2 = sh ? qw[2] : 0u;
-        const int2 w01 = book16x8<Mxfp4Book>(__funnelshift_r(a0, a1, sh));  // elements 8k.. and 16 + 8k..
-        const int2 w23 = book16x8<Mxfp4Book>(__funnelshift_r(a1, a2, sh));  // 8k + 4.. and 20 + 8k..
+        // The block's 17 bytes from the five aligned words that hold them: the scale byte, then
+        // the quant words funnel-shifted (clamped: a shift of 32 is the next word whole).
+        const uintptr_t ba = reinterpret_cast<uintptr_t>(s + r * rs + i * kBytes);
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(ba & ~uintptr_t{3});
+        const uint32_t o = static_cast<uint32_t>(ba & 3) * 8;
+        uint32_t wd[5];
+#pragma unroll
+        for (int j = 0; j < 5; ++j) wd[j] = w[j];
+        const float dw = e8m0_half((wd[0] >> o) & 0xFFu);
+        int2 e[4];  // e[j]: elements 4j.. (.x, low nibbles) and 16 + 4j.. (.y, high nibbles)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) e[j] = book16x8<Mxfp4Book>(__funnelshift_rc(wd[j], wd[j + 1], o + 8));
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          int sum = __dp4a(w01.x, u0[t].x, 0);
-          sum = __dp4a(w23.x, u0[t].y, sum);
-          sum = __dp4a(w01.y, u1[t].x, sum);
-          sum = __dp4a(w23.y, u1[t].y, sum);
+          int sum = __dp4a(e[0].x, u0[t].x, 0);
+          sum = __dp4a(e[1].x, u0[t].y, sum);
+          sum = __dp4a(e[2].x, u0[t].z, sum);
+          sum = __dp4a(e[3].x, u0[t].w, sum);
+          sum = __dp4a(e[0].y, u1[t].x, sum);
+          sum = __dp4a(e[1].y, u1[t].y, sum);
+          sum = __dp4a(e[2].y, u1[t].z, sum);
+          sum = __dp4a(e[3].y, u1[t].w, sum);
           acc[r][t] += static_cast<float>(sum) * (dw * dx[t]);
         }
       }
