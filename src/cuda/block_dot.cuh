@@ -57,6 +57,7 @@ template <> struct Staged<kQ8_0X8> : StagedGeom<kQ8_0, 32> {};
 template <> struct Staged<kQ4_KX8> : StagedGeom<kQ4_K, 8> {};
 template <> struct Staged<kQ5_KX8> : StagedGeom<kQ5_K, 8> {};
 template <> struct Staged<kQ6_KX8> : StagedGeom<kQ6_K, 8> {};
+template <> struct Staged<kMXFP4X16> : StagedGeom<kMXFP4, 64> {};
 
 __device__ __forceinline__ float h2f_a2(const uint8_t* p) { return __half2float(__ushort_as_half(ld_u16(p))); }
 

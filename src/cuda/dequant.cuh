@@ -19,12 +19,14 @@ enum DevType : int {
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
   kBF16 = 30, kMXFP4 = 39,
   // Q4_0, Q8_0, Q4_K, Q5_K and Q6_K as the device keeps them where rows are whole groups of 8
-  // blocks or tiles of 8 super-blocks (matmul.cuh, x8_type): no GGUF types, so ids none has.
+  // blocks or tiles of 8 super-blocks, MXFP4 in groups of 16 blocks (matmul.cuh, x8_type): no
+  // GGUF types, so ids none has.
   kQ4_0X8 = 2000 + kQ4_0, kQ8_0X8 = 2000 + kQ8_0, kQ4_KX8 = 2000 + kQ4_K, kQ5_KX8 = 2000 + kQ5_K,
-  kQ6_KX8 = 2000 + kQ6_K,
+  kQ6_KX8 = 2000 + kQ6_K, kMXFP4X16 = 2000 + kMXFP4,
 };
 __host__ __device__ constexpr bool is_x8(int type) {
-  return type == kQ4_0X8 || type == kQ8_0X8 || type == kQ4_KX8 || type == kQ5_KX8 || type == kQ6_KX8;
+  return type == kQ4_0X8 || type == kQ8_0X8 || type == kQ4_KX8 || type == kQ5_KX8 || type == kQ6_KX8 ||
+         type == kMXFP4X16;
 }
 template <int T> constexpr bool kIsX8 = is_x8(T);
 
@@ -59,25 +61,44 @@ __device__ __forceinline__ int book16(int q) {
   return static_cast<int8_t>((q & 8 ? hi : lo) & 0xFF);
 }
 
-// Eight entries of the book at once, for dp4a: q8 holds eight 4-bit indices, byte j's low
-// nibble element j and its high nibble element j + 16 (a 32-element block's layout); .x is
-// the entries of the four low nibbles, .y of the four high ones, byte j each. __byte_perm
-// reads its selector's nibbles as byte indices 0-7 (bit 3 ignored): the low and high halves
-// of the book looked up for four indices at a time, then bit 3 picks between them (selector
-// byte + 4), then the bytes are put in element order. 12 instructions for 8 entries, where a
-// lookup of each byte's index did 4 entries in about 10 (ncu: gpt-oss-20b's MXFP4 experts at
-// 1.1 TB/s).
+// Eight entries of the book at once, for dp4a: q8 holds eight 4-bit indices, nibble n of its
+// low half (.x) and of its high half (.y) giving byte n of the result. __byte_perm reads its
+// selector's nibbles as byte indices 0-7 (bit 3 ignored): the low and high halves of the book
+// looked up for four indices at a time, then bit 3 picks between them (selector byte + 4). 10
+// instructions for 8 entries, where a lookup of each byte's index did 4 entries in about 10
+// (ncu: gpt-oss-20b's MXFP4 experts at 1.1 TB/s).
 template <class Book>
-__device__ __forceinline__ int2 book16x8(uint32_t q8) {
+__device__ __forceinline__ int2 book16_halves(uint32_t q8) {
   constexpr uint32_t w0 = Book::w[0], w1 = Book::w[1], w2 = Book::w[2], w3 = Book::w[3];
   const uint32_t pick = 0x32103210u | ((q8 >> 1) & 0x44444444u);  // 4 + byte where bit 3 is set
-  uint32_t e[2];  // entries of nibbles 0-3 and 4-7, in nibble order
+  uint32_t e[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const uint32_t sel = q8 >> (16 * i);
     e[i] = __byte_perm(__byte_perm(w0, w1, sel), __byte_perm(w2, w3, sel), pick >> (16 * i));
   }
-  return make_int2(static_cast<int>(__byte_perm(e[0], e[1], 0x6420)), static_cast<int>(__byte_perm(e[0], e[1], 0x7531)));
+  return make_int2(static_cast<int>(e[0]), static_cast<int>(e[1]));
+}
+
+// The same for a block's own layout: byte j's low nibble is element j and its high nibble
+// element j + 16, so .x is the entries of the four low nibbles and .y of the four high ones,
+// byte j each (two byte permutes more put book16_halves' nibble order in element order).
+template <class Book>
+__device__ __forceinline__ int2 book16x8(uint32_t q8) {
+  const int2 e = book16_halves<Book>(q8);
+  return make_int2(static_cast<int>(__byte_perm(e.x, e.y, 0x6420)), static_cast<int>(__byte_perm(e.x, e.y, 0x7531)));
+}
+
+// MXFP4X16's code word m of a block (dequant.cuh's layout): nibble n < 4 of it is element 4 m +
+// n, nibble 4 + n element 16 + 4 m + n, so book16_halves gives the dp4a words of activation
+// words m and 4 + m as they are; from the file's 16 code bytes qs (words q[4]).
+__host__ __device__ constexpr uint32_t mxfp4_x16_word(const uint32_t (&q)[4], int m) {
+  uint32_t w = 0;
+  for (int n = 0; n < 4; ++n) {
+    const uint32_t byte = (q[m] >> (8 * n)) & 0xFFu;  // qs[4 m + n]: elements 4 m + n, 16 + 4 m + n
+    w |= (byte & 0xFu) << (4 * n) | (byte >> 4) << (16 + 4 * n);
+  }
+  return w;
 }
 
 // MXFP4's scale byte as the host's e8m0_to_f32_half: 2^(e - 128), the code book's values being
@@ -128,6 +149,13 @@ template <> struct BlockGeom<kMXFP4> { static constexpr int kElems = 32, kBytes 
 // words, word h of block k at 128 h + 16 k (Q4_0: one word a block, so block k at 16 k).
 template <> struct BlockGeom<kQ4_0X8> { static constexpr int kElems = 256, kBytes = 144; };
 template <> struct BlockGeom<kQ8_0X8> { static constexpr int kElems = 256, kBytes = 272; };
+// A group of 16 MXFP4 blocks: their 16 scale bytes, then their code words, block k's 16 bytes at
+// 16 + 16 k (as 4 words mxfp4_x16_word orders). A row's last group may hold r < 16 blocks: its r
+// scales padded to 16 bytes, then r code words, so the row is 16 (r + 1) bytes longer than its
+// whole groups, which is what the device's rows padded to 16 bytes hold (17 r rounded up); and a
+// block's place, 272 (b / 16) + b % 16 and + 16 + 16 (b % 16), needs no row width. Why 16
+// blocks: a group of 8 (136 bytes) would leave every other group's codes 8-byte aligned.
+template <> struct BlockGeom<kMXFP4X16> { static constexpr int kElems = 512, kBytes = 272; };
 // A tile of 8 Q4_K super-blocks: their 16-byte headers (d, dmin, 12 scale bytes), then the
 // quants in two halves: half h holds, for super-block s and group g (qs bytes [32 g, 32 g + 32)),
 // bytes [32 g + 16 h, + 16) at 128 + 512 h + 64 s + 16 g.
@@ -194,6 +222,12 @@ __device__ __forceinline__ void dequant8_x8(const uint8_t* row, int64_t u, float
       if constexpr (T == kQ5_KX8) v += (fifth >> q5k_x8_fifth_bit(2 * (c % 2) + k / 4, k % 4, jj % 2)) & 1 ? 16 : 0;
       out[k] = __fsub_rn(__fmul_rn(d1, v), m1);
     }
+  } else if constexpr (T == kMXFP4X16) {  // block j: scale byte j, code words at 16 + 16 j
+    const float d = e8m0_half(b[j]);
+    const uint2 w = *reinterpret_cast<const uint2*>(b + 16 + 16 * j + 8 * (c % 2));
+    const int sh = 16 * (c / 2);  // elements 8 c..: words 2 (c % 2) and + 1, the low or high nibbles
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = book16<Mxfp4Book>(((k < 4 ? w.x : w.y) >> (sh + 4 * (k % 4))) & 0xF) * d;
   } else if constexpr (T == kQ6_KX8) {
     // Quarter qq of half `half` of super-block sb; its element l: ql byte at 512 (qq & 1) +
     // 64 sb + 32 half + l, qh byte at 1024 + 64 sb + 32 half + l.
@@ -372,6 +406,6 @@ __device__ __forceinline__ void plain8_at(const uint8_t* row, int64_t g, bool ve
 #define FRINK_FOR_EACH_DEVICE_TYPE(F)                                                      \
   F(kF32) F(kF16) F(kBF16) F(kQ4_0) F(kQ4_1) F(kQ5_0) F(kQ5_1) F(kQ8_0) F(kQ2_K) F(kQ3_K) \
   F(kQ4_K) F(kQ5_K) F(kQ6_K) F(kIQ4_NL) F(kIQ4_XS) F(kMXFP4) F(kQ4_0X8) F(kQ8_0X8) F(kQ4_KX8) F(kQ5_KX8) \
-  F(kQ6_KX8)
+  F(kQ6_KX8) F(kMXFP4X16)
 
 }  // namespace frink::cuda

@@ -602,16 +602,16 @@ const void* DeviceWeights::upload_joined(const std::vector<std::pair<const void*
   return d;
 }
 
-// Matrices x8_type keeps in another order (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K of suitable widths; matmul.cuh) are
+// Matrices x8_type keeps in another order (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K of suitable widths, MXFP4; matmul.cuh) are
 // reordered once, where they land, on the legacy stream (the constructor waits for it once at
 // its end); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
 int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_t n_in) {
   const int t = x8_type(type, n_in);
   if (fill_) {  // a slot's copy: reordered after it lands, on its stream, at every fill
-    if (t != type && d) repack_x8(type, const_cast<void*>(d), n_bytes, fill_->stream);
+    if (t != type && d) repack_x8(type, const_cast<void*>(d), n_bytes, n_in, fill_->stream);
     return t;
   }
-  if (t != type && repacked_.insert(d).second) repack_x8(type, const_cast<void*>(d), n_bytes, nullptr);
+  if (t != type && repacked_.insert(d).second) repack_x8(type, const_cast<void*>(d), n_bytes, n_in, nullptr);
   return t;
 }
 

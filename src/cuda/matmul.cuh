@@ -202,12 +202,14 @@ bool matmul_supported(int type);
 // aligned 16-byte loads next to its neighbours' (coalesced), so the decode kernel (matvec.cu,
 // matvec_reg_kernel) reads rows straight into registers, where the 18- and 34-byte blocks (2-byte
 // aligned) and Q4_K's 144-byte super-blocks (a lane's loads 144 bytes from the next lane's) had
-// to be staged through shared memory first.
+// to be staged through shared memory first. MXFP4 matrices of any width as kMXFP4X16 (groups of
+// 16 blocks: the scales, then the codes in 16-byte words; their rows padded to 16 bytes).
 // x8_type: the type id a matrix of `type` and width n_in is kept as on the device.
 int x8_type(int type, int64_t n_in);
-// Reorders n_bytes of rows of `type` (Q4_0, Q8_0, Q4_K, Q5_K or Q6_K) at w (device memory, 16-byte aligned,
-// rows of whole groups or tiles) in place to x8_type's layout, on `stream`.
-void repack_x8(int type, void* w, size_t n_bytes, cudaStream_t stream);
+// Reorders n_bytes of rows of `type` (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K or MXFP4) and width n_in at w
+// (device memory, 16-byte aligned; rows of whole groups or tiles, MXFP4's padded to 16 bytes) in
+// place to x8_type's layout, on `stream`.
+void repack_x8(int type, void* w, size_t n_bytes, int64_t n_in, cudaStream_t stream);
 // f16 scratch elements the cuBLAS path needs for an x batch of n_tok x n_in (weight tiles
 // are sized to what is left, at least one row per tile).
 size_t matmul_scratch_elems(int64_t n_in, int64_t n_tok);

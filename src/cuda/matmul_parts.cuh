@@ -108,7 +108,7 @@ inline bool joins_two_type_launch(const MatmulParams& p, int t2) {
 // register kernels): as int8 Q8_0 blocks (kActDp4a), or as Q8_K blocks (kActDp4aK); kActNone otherwise.
 __host__ __device__ constexpr ActRound dp4a_act_for(int type) {
   switch (type) {
-    case kQ4_0: case kQ4_0X8: case kQ8_0: case kQ8_0X8: case kMXFP4: return kActDp4a;
+    case kQ4_0: case kQ4_0X8: case kQ8_0: case kQ8_0X8: case kMXFP4: case kMXFP4X16: return kActDp4a;
     case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ5_KX8: case kQ6_K: case kQ6_KX8: return kActDp4aK;
     default: return kActNone;
   }
@@ -116,7 +116,8 @@ __host__ __device__ constexpr ActRound dp4a_act_for(int type) {
 
 constexpr ActRound act_round_for(int type) {
   switch (type) {
-    case kQ4_0: case kQ4_0X8: case kQ5_0: case kQ8_0: case kQ8_0X8: case kIQ4_NL: case kMXFP4: case kQ4_1: case kQ5_1:
+    case kQ4_0: case kQ4_0X8: case kQ5_0: case kQ8_0: case kQ8_0X8: case kIQ4_NL: case kMXFP4: case kMXFP4X16:
+    case kQ4_1: case kQ5_1:
       return kActQ8Blocks;
     case kQ2_K: case kQ3_K: case kQ4_K: case kQ4_KX8: case kQ5_K: case kQ5_KX8: case kQ6_K: case kQ6_KX8:
     case kIQ4_XS:

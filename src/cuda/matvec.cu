@@ -651,8 +651,12 @@ __device__ __forceinline__ V ldw(const V* p) {
     uint2 v;
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return *reinterpret_cast<V*>(&v);
+  } else if constexpr (sizeof(V) == 1) {
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=r"(v) : "l"(p));
+    return static_cast<V>(v);
   } else {
-    static_assert(sizeof(V) == 2, "16-, 8- and 2-byte weight loads");
+    static_assert(sizeof(V) == 2, "16-, 8-, 2- and 1-byte weight loads");
     unsigned short v;
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return *reinterpret_cast<V*>(&v);
@@ -707,9 +711,15 @@ constexpr bool reg_kernel_type(int type) { return is_x8(type) || type == kF16 ||
 
 // Blocks (F16 / BF16: groups of 8 elements) a lane loads per row and pass, by default
 // (matvec_reg_kernel's KB).
-template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2 : 1;
+template <int T> constexpr int RegBlocks = T == kQ4_0X8 || T == kMXFP4X16 || Staged<T>::kPlain ? 2 : 1;
+// The one-token launch bound (matvec_reg_kernel's MinB), blocks a SM: 8 (63 registers), but
+// MXFP4X16, whose code book lookups spilled 32 bytes at 64 registers: 6 (80, none). Measured
+// (H200, gpt-oss-20b MXFP4 8 layers, tg128 graph ms, one call, two rounds; KB, MinB): 2, 8 0.708
+// / 0.708; 2, 6 0.706 / 0.707; 3, 8 (one pass for 2880-wide rows; 68 bytes spilled) 0.730 /
+// 0.731; 3, 6 0.710 / 0.709; 3, 5 0.710 / 0.710.
+template <int T> constexpr int RegMinBlocks = T == kMXFP4X16 ? 6 : 8;
 
-// Q4_0, Q8_0, Q4_K and Q6_K in the x8 layouts (matmul.cuh, x8_type), and F16 / BF16 rows, decode
+// Q4_0, Q8_0, Q4_K, Q6_K and MXFP4 in the x8 layouts (matmul.cuh, x8_type), and F16 / BF16 rows, decode
 // batches of NT tokens and expert slots: one warp per row pair (or per row: OneRow) of the
 // launch's products (Segs, the stream kernel's index space and store), read straight into
 // registers. Lane j takes blocks j, j + 32, ...: a block's
@@ -735,8 +745,8 @@ template <int T> constexpr int RegBlocks = T == kQ4_0X8 || Staged<T>::kPlain ? 2
 // cost them registers (Q4_K spilled 16 bytes).
 // T2: the type of the launch's products from sg.t2_seg on (two_type_launch), T for all by default.
 // Fold: the product writes MatmulParams::fold_out too (fold_store; one token, OneRow, W 32).
-template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? 8 : 0, bool OneRow = false,
-          int W = kSWarps, int T2 = T, bool Fold = false>
+template <int T, int NT, bool Rope, int KB = RegBlocks<T>, int MinB = NT == 1 ? RegMinBlocks<T> : 0,
+          bool OneRow = false, int W = kSWarps, int T2 = T, bool Fold = false>
 __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, StagedAct x) {
   constexpr bool kNeox = Rope && NT == 1 && W == kRegRopeWarps;
   static_assert(kIsX8<T> || Staged<T>::kPlain, "x8 layouts and F16 / BF16 rows only");
@@ -950,18 +960,24 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
       }
     } else {
       constexpr int kR = OneRow ? 1 : kSRows;  // rows this warp computes
-      constexpr int kGroup = BlockGeom<U>::kBytes, kBlock = kGroup / 8;  // 144 and 18 bytes (Q4_0), 272 and 34 (Q8_0)
-      constexpr int kQuant = kBlock - 2, kWords = kQuant / 16;          // a block's quants, in 16-byte words
+      // MXFP4X16: 16 blocks a group, the scales (a byte each) before the codes; Q4_0 / Q8_0 x8: 8,
+      // the f16 scales after the quants.
+      constexpr bool kMx = U == kMXFP4X16;
+      constexpr int kGb = kMx ? 16 : 8;  // blocks a group
+      constexpr int kGroup = BlockGeom<U>::kBytes, kBlock = kGroup / kGb;  // 144 / 18 (Q4_0), 272 / 34 (Q8_0), 272 / 17
+      constexpr int kQuant = kMx ? 16 : kBlock - 2, kWords = kQuant / 16;  // a block's quants, in 16-byte words
       // Lane j's block of a pass is j + 32 k past the pass's first b0 (a multiple of 32 blocks, so
       // of groups): its quant word i at kBlock (b0 + 32 k) + qj + 128 i in the row (the group's
       // layout: dequant.cuh), its scale likewise at dj. Constant k offsets fold into the loads'
       // addresses.
-      const int qj = (lane / 8) * kGroup + 16 * (lane % 8), dj = (lane / 8) * kGroup + 8 * kQuant + 2 * (lane % 8);
+      const int qj = (lane / kGb) * kGroup + (kMx ? kGb : 0) + 16 * (lane % kGb);
+      const int dj = (lane / kGb) * kGroup + (kMx ? lane % kGb : 8 * kQuant + 2 * (lane % kGb));
       const int nb = static_cast<int>(first.n_in / 32);
       constexpr int kPass = 32 * KB;  // blocks a pass
+      using Scale = std::conditional_t<kMx, unsigned char, unsigned short>;
       struct Pass {
         int4 q[kR][KB][kWords];
-        unsigned short d[kR][KB];
+        Scale d[kR][KB];
       };
       auto load = [&](Pass& ps, int b0) {
   #pragma unroll
@@ -972,7 +988,7 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
               const uint8_t* at = rows[r] + kBlock * (b0 + 32 * k);
   #pragma unroll
               for (int i = 0; i < kWords; ++i) ps.q[r][k][i] = ldw(reinterpret_cast<const int4*>(at + qj + 128 * i));
-              ps.d[r][k] = ldw(reinterpret_cast<const unsigned short*>(at + dj));
+              ps.d[r][k] = ldw(reinterpret_cast<const Scale*>(at + dj));
             }
       };
       const int8_t* const xq = x.q8 + 32 * lane;
@@ -994,10 +1010,23 @@ __global__ void __launch_bounds__(W * 32, MinB) matvec_reg_kernel(Segs sg, Stage
               if constexpr (U == kQ4_0X8) xs = 8 * bytes_sum(hi, bytes_sum(lo, 0));
   #pragma unroll
               for (int r = 0; r < kR; ++r) {
-                // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 order: one integer per block, scaled once.
-                const float dw = __half2float(__ushort_as_half(ps.d[r][k]));
+                // ggml's vec_dot_q4_0_q8_0 / q8_0_q8_0 / mxfp4_q8_0 order: one integer per block,
+                // scaled once.
+                const float dw = kMx ? e8m0_half(ps.d[r][k]) : __half2float(__ushort_as_half(ps.d[r][k]));
                 const int4* q = ps.q[r][k];
-                if constexpr (U == kQ4_0X8) {
+                if constexpr (kMx) {
+                  // Code word m's entries (book16_halves): elements 4 m.. and 16 + 4 m.., activation
+                  // words m of lo and hi.
+                  const int qw[4] = {q[0].x, q[0].y, q[0].z, q[0].w}, xl[4] = {lo.x, lo.y, lo.z, lo.w},
+                            xh[4] = {hi.x, hi.y, hi.z, hi.w};
+                  int sum = 0;
+  #pragma unroll
+                  for (int m = 0; m < 4; ++m) {
+                    const int2 e = book16_halves<Mxfp4Book>(static_cast<uint32_t>(qw[m]));
+                    sum = __dp4a(e.y, xh[m], __dp4a(e.x, xl[m], sum));
+                  }
+                  acc[r][t] += static_cast<float>(sum) * (dw * dx);
+                } else if constexpr (U == kQ4_0X8) {
                   const int qw[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
                   acc[r][t] += q4_0_value(qw, dw, lo, hi, xs, dx);
                 } else {
@@ -1678,8 +1707,8 @@ void stream_launch(const MatmulParams* ps, int n, const StagedAct& x0) {
             return;
           }
         }
-        launch_dependent(matvec_reg_kernel<T, NT, R, RegBlocks<T>, NT == 1 ? 8 : 0, false, kSWarps, T2>, g, b, 0,
-                         p.stream, s, x);
+        launch_dependent(matvec_reg_kernel<T, NT, R, RegBlocks<T>, NT == 1 ? RegMinBlocks<T> : 0, false, kSWarps, T2>,
+                         g, b, 0, p.stream, s, x);
       } else if (ks == 1) {
         // Two-chunk rows in a grid of one wave of three-stage blocks (the 8B q/k/v and wo):
         // both chunks copied before the dependency wait, so while the kernel before runs,
@@ -1775,6 +1804,7 @@ template void matvec_stream_launch<kQ5_KX8>(const MatmulParams*, int, const Stag
 template void matvec_stream_launch<kQ6_KX8>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ8_0>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kMXFP4>(const MatmulParams*, int, const StagedAct&);
+template void matvec_stream_launch<kMXFP4X16>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ4_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ5_K>(const MatmulParams*, int, const StagedAct&);
 template void matvec_stream_launch<kQ6_K>(const MatmulParams*, int, const StagedAct&);

@@ -108,7 +108,7 @@ inline cuda::MatmulParams mat_params(GgmlType t, const void* w, int64_t n_in, in
 // of 8 blocks or tiles of 8 super-blocks) reordered in place as the device keeps them
 // (matmul.cuh, x8_type); returns the type id products of them take.
 inline int to_x8(GgmlType t, void* w, size_t n_bytes, int64_t n_in) {
-  cuda::repack_x8(static_cast<int>(t), w, n_bytes, nullptr);
+  cuda::repack_x8(static_cast<int>(t), w, n_bytes, n_in, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const int x8 = cuda::x8_type(static_cast<int>(t), n_in);
   EXPECT_NE(x8, static_cast<int>(t));

@@ -61,6 +61,17 @@ RandomWeights random_weights(std::mt19937& rng, GgmlType t, int64_t n_in, int64_
   return w;
 }
 
+// Rows of row_bytes each padded with zeros to 16 bytes, as the device keeps block rows
+// (DeviceWeights; MXFP4X16's layout needs the room).
+size_t padded16(size_t row_bytes) { return (row_bytes + 15) / 16 * 16; }
+std::vector<uint8_t> rows_padded16(const std::vector<uint8_t>& bytes, size_t row_bytes) {
+  std::vector<uint8_t> out(bytes.size() / row_bytes * padded16(row_bytes), 0);
+  for (size_t r = 0; r < bytes.size() / row_bytes; ++r)
+    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(r * row_bytes), row_bytes,
+                out.begin() + static_cast<std::ptrdiff_t>(r * padded16(row_bytes)));
+  return out;
+}
+
 // y[t][r] = scale * sum_i wf[r][i] x[t][i] (+ bias[r]), summed in double.
 std::vector<float> reference_product(const std::vector<float>& wf, const std::vector<float>& x, int64_t n_in,
                                      int64_t n_out, int64_t n_tok, double scale, const float* bias) {
@@ -1744,11 +1755,12 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
 }
 
 // Q4_0, Q8_0, Q4_K, Q5_K and Q6_K kept as the device keeps rows of whole 8-block groups (matmul.cuh,
-// x8_type: reordered in place) give the host's product on every path that reads them: the x8
-// decode kernel (one and four tokens, a bias, the residual, an odd last row pair, rows of 1 to
-// 56 groups, so lanes whose blocks lie past a row's end; K-quant rows of 1 to 7 tiles), the generic kernel (no activation
-// rounding) and cuBLAS over dequantized tiles (12 tokens); bounds as
-// ActivationRoundingMatchesHostForEveryType's. (Expert slots: ExpertGridsOverOneWaveEqualPlainOnes.)
+// x8_type: reordered in place), and MXFP4 in 16-block groups, give the host's product on every
+// path that reads them: the x8 decode kernel (one and four tokens, a bias, the residual, an odd
+// last row pair, rows of 1 to 56 groups, so lanes whose blocks lie past a row's end; K-quant
+// rows of 1 to 7 tiles; MXFP4 rows whose last group holds 1 or 10 blocks, gpt-oss's 2880), the
+// generic kernel (no activation rounding) and cuBLAS over dequantized tiles (12 tokens); bounds
+// as ActivationRoundingMatchesHostForEveryType's. (Expert slots: ExpertGridsOverOneWaveEqualPlainOnes.)
 TEST(CudaKernels, X8LayoutsMatchHost) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(83);
@@ -1763,8 +1775,10 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
                                 {768, 20001, 1, false, false, true},  {512, 37, 12, true, false, true},
                                 {4096, 17, 3, false, false, false},   {1024, 64, 8, false, false, true},
                                 {2048, 21, 12, true, false, true},    {2048, 4001, 1, false, true, true},
-                                {4096, 1001, 1, true, false, true}};
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+                                {4096, 1001, 1, true, false, true},   {2880, 45, 1, true, true, true},
+                                {544, 19, 4, false, false, true},     {2880, 30, 12, false, false, true},
+                                {2880, 23, 3, false, false, false}};
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::MXFP4}) {
     const GgmlType at = vec_dot_type(t);
     for (const C& c : cases) {
       if (cuda::x8_type(static_cast<int>(t), c.n_in) == static_cast<int>(t)) continue;  // kept as the file holds it
@@ -1784,11 +1798,13 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
       auto ref = reference_product(w.f, xr, c.n_in, c.n_out, c.n_tok, 1.0, c.bias ? ones.data() : nullptr);
       if (c.residual)
         for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
-      Dev<uint8_t> dw(w.bytes);
+      const size_t row_bytes = ggml_row_bytes(t, c.n_in);
+      Dev<uint8_t> dw(rows_padded16(w.bytes, row_bytes));
       Dev<float> dx(x), db(ones), dy(c.residual ? res : std::vector<float>(ref.size())), dact(x.size());
       Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
       cuda::MatmulParams p = mat_params(t, dw.p, c.n_in, c.n_out, dx.p, c.n_tok, dy.p);
-      p.type = to_x8(t, dw.p, w.bytes.size(), c.n_in);
+      p.row_bytes = padded16(row_bytes);
+      p.type = to_x8(t, dw.p, dw.n, c.n_in);
       p.bias = c.bias ? db.p : nullptr;
       p.residual = c.residual ? dy.p : nullptr;  // in place, as the backend adds it
       p.blas = blas;
@@ -1817,19 +1833,20 @@ TEST(CudaKernels, EmbedRowEqualsHostRowBitForBit) {
     for (const int64_t n : {int64_t{256}, int64_t{2304}, int64_t{4096}}) {
       const int64_t n_rows = 9;
       const RandomWeights w = random_weights(rng, t, n, n_rows);
-      Dev<uint8_t> dw(w.bytes);
+      const size_t row_bytes = ggml_row_bytes(t, n);
+      Dev<uint8_t> dw(w.bytes), dx8(rows_padded16(w.bytes, row_bytes));  // as the file holds them; padded
       int type = static_cast<int>(t);
       const bool x8 = cuda::x8_type(type, n) != type;
       for (int layout = 0; layout < (x8 ? 2 : 1); ++layout) {
-        if (layout == 1) type = to_x8(t, dw.p, w.bytes.size(), n);
+        if (layout == 1) type = to_x8(t, dx8.p, dx8.n, n);
         for (const int32_t id : {0, 4, 8})
           for (const float scale : {0.0f, 45.25483f}) {
             Dev<int32_t> did(std::vector<int32_t>{id});
             Dev<float> dx(static_cast<size_t>(n));
             cuda::EmbedParams e;
             e.type = type;
-            e.w = dw.p;
-            e.row_bytes = ggml_row_bytes(t, n);
+            e.w = layout == 1 ? dx8.p : dw.p;
+            e.row_bytes = layout == 1 ? padded16(row_bytes) : row_bytes;
             e.n = n;
             e.scale = scale;
             e.id = did.p;
