@@ -24,19 +24,6 @@ namespace {
 
 bool linear_ok(const Linear& l) { return !l || matmul_supported(static_cast<int>(l.w->type)); }
 
-// A matrix's rows as the device keeps them: block rows padded to 16 bytes, so that the staged
-// kernels (16-byte copies; q/k/v with RoPE in one launch) take them rather than the direct
-// kernel's byte loads a lane: gpt-oss's 2880-wide Q8_0 rows (3060 bytes) and MXFP4 ones (1530),
-// the 1408-wide expert down of DeepSeek-V2 and qwen2moe (Q4_0 792 bytes). Measured (H200, 8
-// layers, tg128 graph ms, one call, two rounds each): gpt-oss-20b MXFP4 0.981 / 0.980 -> 0.821 /
-// 0.820, qwen1.5-moe-a2.7b Q4_0 0.420 / 0.420 -> 0.412 / 0.412, deepseek-v2-lite Q4_0 1.071 /
-// 1.075 -> 1.072 / 1.071. MXFP4 experts alone padded (the last session's try) changed nothing:
-// the Q8_0 attention products were the gain.
-size_t device_row_bytes(GgmlType t, size_t row_bytes) {
-  if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) return row_bytes;
-  return (row_bytes + 15) / 16 * 16;
-}
-
 // The rows of row_bytes that parts hold (each a whole number of them).
 size_t rows_in(const std::vector<std::pair<const void*, size_t>>& parts, size_t row_bytes) {
   size_t n_rows = 0;
@@ -484,7 +471,7 @@ DeviceLinear DeviceWeights::linear(const Linear& l) {
   DeviceLinear d;
   if (!l) return d;
   d.type = static_cast<int>(l.w->type);
-  d.row_bytes = device_row_bytes(l.w->type, l.w->row_bytes());
+  d.row_bytes = device_row_bytes(static_cast<int>(l.w->type), l.n_in(), l.w->row_bytes());
   d.n_in = l.n_in();
   d.n_out = l.n_out();
   d.w = upload_rows({{l.w->data, l.w->row_bytes() * static_cast<size_t>(d.n_out)}}, l.w->row_bytes(), d.row_bytes);
@@ -499,7 +486,7 @@ DeviceExperts DeviceWeights::experts(const Experts& x, int64_t n_expert) {
   DeviceExperts d;
   if (!x) return d;
   d.type = static_cast<int>(x.w->type);
-  d.row_bytes = device_row_bytes(x.w->type, x.w->row_bytes());
+  d.row_bytes = device_row_bytes(static_cast<int>(x.w->type), x.n_in(), x.w->row_bytes());
   d.n_in = x.n_in();
   d.n_out = x.n_out();
   d.expert_bytes = d.row_bytes * static_cast<size_t>(d.n_out);
@@ -516,7 +503,7 @@ DeviceExperts DeviceWeights::experts_and(const Experts& x, int64_t n_expert, int
   DeviceExperts d;
   d.type = static_cast<int>(x.w->type);
   const size_t row = x.w->row_bytes();  // as the file holds it; d.row_bytes as the device does
-  d.row_bytes = device_row_bytes(x.w->type, row);
+  d.row_bytes = device_row_bytes(static_cast<int>(x.w->type), x.n_in(), row);
   d.n_in = x.n_in();
   d.n_out = x.n_out();
   d.expert_bytes = d.row_bytes * static_cast<size_t>(d.n_out);

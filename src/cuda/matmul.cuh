@@ -192,8 +192,7 @@ inline Q8KAct q8k_act(const MatmulParams& p) {
 
 // Whether type id `type` has a device kernel (the same list the dispatch uses).
 bool matmul_supported(int type);
-// Q4_0 and Q8_0 matrices whose rows are whole groups of 8 blocks (n_in % 256 == 0) live on the
-// device as kQ4_0X8 / kQ8_0X8 (dequant.cuh): each group holds its 8 blocks' quants (in 16-byte
+// Q4_0 and Q8_0 matrices live on the device in groups of 8 blocks as kQ4_0X8 / kQ8_0X8 (dequant.cuh): each group holds its 8 blocks' quants (in 16-byte
 // words, word h of every block in a run of its own), then their 8 f16 scales; Q4_K, Q5_K and
 // Q6_K ones of whole tiles of 8 super-blocks (n_in % 2048 == 0) as kQ4_KX8 / kQ5_KX8 / kQ6_KX8:
 // the tile's parts regrouped in the runs the kernel's lanes read (Q4_K: the 8 headers, then the
@@ -204,8 +203,11 @@ bool matmul_supported(int type);
 // aligned) and Q4_K's 144-byte super-blocks (a lane's loads 144 bytes from the next lane's) had
 // to be staged through shared memory first. MXFP4 matrices of any width as kMXFP4X16 (groups of
 // 16 blocks: the scales, then the codes in 16-byte words; their rows padded to 16 bytes).
-// x8_type: the type id a matrix of `type` and width n_in is kept as on the device.
+// x8_type: the type id a matrix of `type` and width n_in is kept as on the device, in rows of
+// device_row_bytes (the file's row_bytes padded: Q4_0 / Q8_0 to whole 8-block groups, other
+// block types to 16 bytes; F32 / F16 / BF16 as they are).
 int x8_type(int type, int64_t n_in);
+size_t device_row_bytes(int type, int64_t n_in, size_t row_bytes);
 // Reorders n_bytes of rows of `type` (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K or MXFP4) and width n_in at w
 // (device memory, 16-byte aligned; rows of whole groups or tiles, MXFP4's padded to 16 bytes) in
 // place to x8_type's layout, on `stream`.

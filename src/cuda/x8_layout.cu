@@ -169,8 +169,30 @@ int x8_type(int type, int64_t n_in) {
   // codes five word loads and funnel shifts from shared memory. Measured (H200, gpt-oss-20b
   // MXFP4 8 layers, tg128 graph ms, one call, two rounds): 0.775 / 0.774 -> 0.706 / 0.707.
   if (type == kMXFP4) return kMXFP4X16;
-  if (n_in % 256 != 0) return type;
+  // Q4_0 and Q8_0 of any width: a row's last group partial in its padding (device_row_bytes).
   return type == kQ4_0 ? kQ4_0X8 : type == kQ8_0 ? kQ8_0X8 : type;
+}
+
+// Block rows padded to 16 bytes, so that the staged kernels (16-byte copies; q/k/v with RoPE in
+// one launch) take them rather than the direct kernel's byte loads a lane: gpt-oss's 2880-wide
+// Q8_0 rows (3060 bytes) and MXFP4 ones (1530), the 1408-wide expert down of DeepSeek-V2 and
+// qwen2moe (Q4_0 792 bytes). Measured (H200, 8 layers, tg128 graph ms, one call, two rounds
+// each): gpt-oss-20b MXFP4 0.981 / 0.980 -> 0.821 / 0.820, qwen1.5-moe-a2.7b Q4_0 0.420 / 0.420
+// -> 0.412 / 0.412, deepseek-v2-lite Q4_0 1.071 / 1.075 -> 1.072 / 1.071 (the Q8_0 attention
+// products were the gain; MXFP4 experts alone padded changed nothing).
+size_t device_row_bytes(int type, int64_t n_in, size_t row_bytes) {
+  if (type == kF32 || type == kF16 || type == kBF16) return row_bytes;
+  // Q4_0 / Q8_0 rows of a partial 8-block group: whole groups, the last one's missing blocks
+  // zeros (never read: the kernels stop at the row's last block), so the x8 layout and every
+  // kernel reading it take them unchanged: gpt-oss's 2880-wide Q8_0 q/k/v (90 blocks) with
+  // the neox RoPE in their launch, the 1408-wide Q4_0 expert down of DeepSeek-V2 and qwen2moe
+  // on the narrow kernels. Measured: see docs/gpu-notes.md (forty-fifth session).
+  if ((type == kQ4_0 || type == kQ8_0) && n_in % 256 != 0) {
+    const int g = type == kQ4_0 ? BlockGeom<kQ4_0X8>::kBytes : BlockGeom<kQ8_0X8>::kBytes;
+    return static_cast<size_t>((n_in + 255) / 256) * static_cast<size_t>(g);
+  }
+  // (MXFP4X16's last partial group needs the 16-byte padding too.)
+  return (row_bytes + 15) / 16 * 16;
 }
 
 void repack_x8(int type, void* w, size_t n_bytes, int64_t n_in, cudaStream_t stream) {

@@ -115,6 +115,20 @@ inline int to_x8(GgmlType t, void* w, size_t n_bytes, int64_t n_in) {
   return x8;
 }
 
+// Rows of type t and width n_in (as the file holds them) padded with zeros as the device keeps
+// them (cuda::device_row_bytes), which the x8 layouts of partial groups need.
+inline size_t device_row(GgmlType t, int64_t n_in) {
+  return cuda::device_row_bytes(static_cast<int>(t), n_in, ggml_row_bytes(t, n_in));
+}
+inline std::vector<uint8_t> device_rows(const std::vector<uint8_t>& bytes, GgmlType t, int64_t n_in) {
+  const size_t row_bytes = ggml_row_bytes(t, n_in), dev = device_row(t, n_in);
+  std::vector<uint8_t> out(bytes.size() / row_bytes * dev, 0);
+  for (size_t r = 0; r < bytes.size() / row_bytes; ++r)
+    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(r * row_bytes), row_bytes,
+                out.begin() + static_cast<std::ptrdiff_t>(r * dev));
+  return out;
+}
+
 // RoPE over q [n_tok][n_head * head_dim] and k [n_tok][n_head_kv * head_dim] at device
 // position *pos; callers set the frequencies and style they test.
 inline cuda::RopeLaunch rope_launch(float* q, float* k, int64_t n_tok, int64_t n_head, int64_t n_head_kv,

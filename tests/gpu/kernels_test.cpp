@@ -61,17 +61,6 @@ RandomWeights random_weights(std::mt19937& rng, GgmlType t, int64_t n_in, int64_
   return w;
 }
 
-// Rows of row_bytes each padded with zeros to 16 bytes, as the device keeps block rows
-// (DeviceWeights; MXFP4X16's layout needs the room).
-size_t padded16(size_t row_bytes) { return (row_bytes + 15) / 16 * 16; }
-std::vector<uint8_t> rows_padded16(const std::vector<uint8_t>& bytes, size_t row_bytes) {
-  std::vector<uint8_t> out(bytes.size() / row_bytes * padded16(row_bytes), 0);
-  for (size_t r = 0; r < bytes.size() / row_bytes; ++r)
-    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(r * row_bytes), row_bytes,
-                out.begin() + static_cast<std::ptrdiff_t>(r * padded16(row_bytes)));
-  return out;
-}
-
 // y[t][r] = scale * sum_i wf[r][i] x[t][i] (+ bias[r]), summed in double.
 std::vector<float> reference_product(const std::vector<float>& wf, const std::vector<float>& x, int64_t n_in,
                                      int64_t n_out, int64_t n_tok, double scale, const float* bias) {
@@ -1333,11 +1322,19 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
     bool x8;
     int64_t n_in;
   };
+  // Rows of partial groups too: Q4_0's 1408 (DeepSeek-V2's expert down, on the narrow kernel) and
+  // MXFP4's 2880 (gpt-oss's), padded as the device keeps them.
   const L layouts[] = {{GgmlType::Q4_0, false, 2048}, {GgmlType::Q4_0, true, 2048}, {GgmlType::Q4_0, true, 768},
-                       {GgmlType::Q4_K, true, 2048},  {GgmlType::Q5_K, true, 2048}, {GgmlType::Q6_K, true, 2048}};
+                       {GgmlType::Q4_K, true, 2048},  {GgmlType::Q5_K, true, 2048}, {GgmlType::Q6_K, true, 2048},
+                       {GgmlType::Q4_0, true, 1408},  {GgmlType::MXFP4, true, 2880}};
   for (const auto& [t, x8, n_in] : layouts) {
-    const size_t expert_bytes = ggml_row_bytes(t, n_in) * static_cast<size_t>(n_out);
-    const auto gb = random_weights(rng, t, n_in, n_out * n_expert).bytes, ub = random_weights(rng, t, n_in, n_out * n_expert).bytes;
+    const size_t row_bytes = x8 ? device_row(t, n_in) : ggml_row_bytes(t, n_in);
+    const size_t expert_bytes = row_bytes * static_cast<size_t>(n_out);
+    auto gb = random_weights(rng, t, n_in, n_out * n_expert).bytes, ub = random_weights(rng, t, n_in, n_out * n_expert).bytes;
+    if (x8) {
+      gb = device_rows(gb, t, n_in);
+      ub = device_rows(ub, t, n_in);
+    }
     Dev<uint8_t> dg(gb), du(ub);
     const int type = x8 ? to_x8(t, dg.p, gb.size(), n_in) : static_cast<int>(t);
     if (x8) to_x8(t, du.p, ub.size(), n_in);
@@ -1355,6 +1352,7 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
                                   mat_params(t, du.p, n_in, n_out, dx.p, n_tok, dyu.p)};
       for (cuda::MatmulParams& p : ps) {
         p.type = type;
+        p.row_bytes = row_bytes;
         p.act_round = dact.p;
         p.slot_expert = dids.p;
         p.n_slots = n_slots;
@@ -1372,6 +1370,7 @@ TEST(CudaKernels, ExpertGridsOverOneWaveEqualPlainOnes) {
           cuda::MatmulParams q = mat_params(t, static_cast<const uint8_t*>(i == 0 ? dg.p : du.p) + e * expert_bytes,
                                             n_in, n_out, dx.p + (s / k) * n_in, 1, dy1.p);
           q.type = type;
+          q.row_bytes = row_bytes;
           q.act_round = dact.p;
           if (i == 1) {
             q.bias = db.p + e * n_out;
@@ -1758,7 +1757,7 @@ TEST(CudaKernels, GroupedExpertProductsEqualSeparateOnes) {
 // x8_type: reordered in place), and MXFP4 in 16-block groups, give the host's product on every
 // path that reads them: the x8 decode kernel (one and four tokens, a bias, the residual, an odd
 // last row pair, rows of 1 to 56 groups, so lanes whose blocks lie past a row's end; K-quant
-// rows of 1 to 7 tiles; MXFP4 rows whose last group holds 1 or 10 blocks, gpt-oss's 2880), the
+// rows of 1 to 7 tiles; rows whose last group is partial, gpt-oss's 2880 among them), the
 // generic kernel (no activation rounding) and cuBLAS over dequantized tiles (12 tokens); bounds
 // as ActivationRoundingMatchesHostForEveryType's. (Expert slots: ExpertGridsOverOneWaveEqualPlainOnes.)
 TEST(CudaKernels, X8LayoutsMatchHost) {
@@ -1798,12 +1797,11 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
       auto ref = reference_product(w.f, xr, c.n_in, c.n_out, c.n_tok, 1.0, c.bias ? ones.data() : nullptr);
       if (c.residual)
         for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
-      const size_t row_bytes = ggml_row_bytes(t, c.n_in);
-      Dev<uint8_t> dw(rows_padded16(w.bytes, row_bytes));
+      Dev<uint8_t> dw(device_rows(w.bytes, t, c.n_in));
       Dev<float> dx(x), db(ones), dy(c.residual ? res : std::vector<float>(ref.size())), dact(x.size());
       Dev<uint16_t> scratch(std::vector<uint16_t>(cuda::matmul_scratch_elems(c.n_in, c.n_tok)));
       cuda::MatmulParams p = mat_params(t, dw.p, c.n_in, c.n_out, dx.p, c.n_tok, dy.p);
-      p.row_bytes = padded16(row_bytes);
+      p.row_bytes = device_row(t, c.n_in);
       p.type = to_x8(t, dw.p, dw.n, c.n_in);
       p.bias = c.bias ? db.p : nullptr;
       p.residual = c.residual ? dy.p : nullptr;  // in place, as the backend adds it
@@ -1834,7 +1832,7 @@ TEST(CudaKernels, EmbedRowEqualsHostRowBitForBit) {
       const int64_t n_rows = 9;
       const RandomWeights w = random_weights(rng, t, n, n_rows);
       const size_t row_bytes = ggml_row_bytes(t, n);
-      Dev<uint8_t> dw(w.bytes), dx8(rows_padded16(w.bytes, row_bytes));  // as the file holds them; padded
+      Dev<uint8_t> dw(w.bytes), dx8(device_rows(w.bytes, t, n));  // as the file holds them; padded
       int type = static_cast<int>(t);
       const bool x8 = cuda::x8_type(type, n) != type;
       for (int layout = 0; layout < (x8 ? 2 : 1); ++layout) {
@@ -1846,7 +1844,7 @@ TEST(CudaKernels, EmbedRowEqualsHostRowBitForBit) {
             cuda::EmbedParams e;
             e.type = type;
             e.w = layout == 1 ? dx8.p : dw.p;
-            e.row_bytes = layout == 1 ? padded16(row_bytes) : row_bytes;
+            e.row_bytes = layout == 1 ? device_row(t, n) : row_bytes;
             e.n = n;
             e.scale = scale;
             e.id = did.p;

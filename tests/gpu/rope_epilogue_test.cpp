@@ -64,10 +64,12 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
   };
   // Llama's head (128, full rotary) with llama3's frequency factors, q/k bias and a scale;
   // partial rotary (pairs past n_rot stored unrotated, appended by the store); YaRN with
-  // partial rotary at a position in the thousands (the angle's repeated products).
+  // partial rotary at a position in the thousands (the angle's repeated products); gpt-oss's
+  // width, 2880 (a partial last 8-block group), with YaRN and full rotary.
   const std::vector<C> cases = {{{4096, 8, 2, 128, 128}, true, false, true, 37},
                                 {{4096, 4, 2, 64, 32}, false, false, false, 5},
-                                {{4096, 4, 1, 64, 48}, false, true, true, 3001}};
+                                {{4096, 4, 1, 64, 48}, false, true, true, 3001},
+                                {{2880, 4, 1, 64, 64}, false, true, true, 40}};
   // Q4_0, Q8_0 and Q4_K as the file holds them, then those, Q5_K and Q6_K as the device keeps them (x8_type).
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16, GgmlType::Q4_0,
                             GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
@@ -76,9 +78,14 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
       const GgmlType t = types[ti];
       const bool x8 = ti >= 4;
       const Shape& s = c.s;
+      // K-quants at gpt-oss's 2880; rows as the file holds them there (1620 and 3060 bytes) are
+      // not 16-byte aligned, so the staged kernels never take them (the device pads them).
+      if (s.n_in % ggml_type_info(t).block_elems != 0 || (!x8 && ggml_row_bytes(t, s.n_in) % 16 != 0)) continue;
       const int64_t q_w = s.n_head * s.head_dim, kv_w = s.n_head_kv * s.head_dim, cap = c.pos + 8;
-      const auto bq = random_weight_row(rng, t, s.n_in * q_w), bk = random_weight_row(rng, t, s.n_in * kv_w),
-                 bv = random_weight_row(rng, t, s.n_in * kv_w);
+      auto bq = random_weight_row(rng, t, s.n_in * q_w), bk = random_weight_row(rng, t, s.n_in * kv_w),
+           bv = random_weight_row(rng, t, s.n_in * kv_w);
+      if (x8)  // rows as the device keeps them (gpt-oss's 2880: a partial last group)
+        for (auto* b : {&bq, &bk, &bv}) *b = device_rows(*b, t, s.n_in);
       Dev<uint8_t> wq(bq), wk(bk), wv(bv);
       const int type = x8 ? to_x8(t, wq.p, bq.size(), s.n_in) : static_cast<int>(t);
       if (x8) {
@@ -115,6 +122,7 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
               for (cuda::MatmulParams& p : ps) {
                 p.ksplit = ks;
                 p.type = type;
+                if (x8) p.row_bytes = device_row(t, s.n_in);
               }
               if (c.bias) {
                 ps[0].bias = dbq.p;
@@ -166,7 +174,8 @@ TEST(CudaRopeEpilogue, RotationInTheStoreEqualsProductsThenRope) {
 // the narrow rope kernel; shapes: qwen3-30b-a3b's (2048 wide, head 128: clusters of 8 blocks),
 // qwen3-8b's and 2560 (whole-warp rows, the second with idle lanes), 768 and 1024 wide (8-lane
 // rows: clusters of 4 and 2), a 256-wide head (two float4 a lane in the norm's sums), a v
-// narrower than q's heads, and neox without QK-norm. Q8_0, Q4_K, Q5_K and Q6_K as the device
+// narrower than q's heads, and neox without QK-norm; gpt-oss's 2880-wide rows (a partial last
+// 8-block group), its 64-wide heads in Q8_0, and in Q4_0. Q8_0, Q4_K, Q5_K and Q6_K as the device
 // keeps them, BF16 rows and 8192-wide Q4_0 take the row-pair register kernel (8 warps a block),
 // Q4_K and Q5_K q/k with a Q6_K v in one launch of two types (two_type_launch).
 TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
@@ -195,7 +204,9 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
                                 {GgmlType::Q5_K, {4096, 8, 2, 128, 128}, 128, true, 19},
                                 {GgmlType::Q6_K, {4096, 4, 2, 128, 128}, 96, true, 8},
                                 {GgmlType::BF16, {2048, 8, 2, 128, 128}, 128, true, 17},
-                                {GgmlType::BF16, {1024, 4, 2, 64, 64}, 64, false, 6}};
+                                {GgmlType::BF16, {1024, 4, 2, 64, 64}, 64, false, 6},
+                                {GgmlType::Q8_0, {2880, 64, 8, 64, 64}, 64, false, 40},
+                                {q4, {2880, 4, 1, 64, 64}, 64, false, 7}};
   // (c, v's type): each case with v of c.t, then two of another type.
   std::vector<std::pair<C, GgmlType>> all;
   for (const C& c : cases) all.emplace_back(c, c.t);
@@ -205,10 +216,14 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
     const Shape& s = c.s;
     const int64_t q_w = s.n_head * s.head_dim, k_w = s.n_head_kv * s.head_dim, v_w = s.n_head_kv * c.v_dim;
     const int64_t cap = c.pos + 4;
-    const auto bq = random_weight_row(rng, c.t, s.n_in * q_w), bk = random_weight_row(rng, c.t, s.n_in * k_w),
-               bv = random_weight_row(rng, tv, s.n_in * v_w);
-    Dev<uint8_t> wq(bq), wk(bk), wv(bv);
     const bool x8 = c.t != GgmlType::BF16;
+    // Rows as the device keeps them (gpt-oss's 2880: a partial last 8-block group).
+    const auto rows = [&](GgmlType t, int64_t n_out) {
+      const auto b = random_weight_row(rng, t, s.n_in * n_out);
+      return x8 ? device_rows(b, t, s.n_in) : b;
+    };
+    const auto bq = rows(c.t, q_w), bk = rows(c.t, k_w), bv = rows(tv, v_w);
+    Dev<uint8_t> wq(bq), wk(bk), wv(bv);
     const int type = x8 ? to_x8(c.t, wq.p, bq.size(), s.n_in) : static_cast<int>(c.t);
     int type_v = type;
     if (x8) {
@@ -227,6 +242,10 @@ TEST(CudaRopeEpilogue, NeoxAndQkNormInTheStoreEqualProductsThenRopeNorm) {
                                   product(tv, wv.p, s, v_w, dx.p, 1, dv.p, act.p)};
       for (cuda::MatmulParams& p : ps) p.type = type;
       ps[2].type = type_v;
+      if (x8) {
+        ps[0].row_bytes = ps[1].row_bytes = device_row(c.t, s.n_in);
+        ps[2].row_bytes = device_row(tv, s.n_in);
+      }
       cuda::RopeLaunch r = rope_launch(dq.p, dk.p, 1, s.n_head, s.n_head_kv, s.head_dim, s.n_rot, dpos.p);
       r.neox = true;
       r.freq_base = 1000000.0f;
