@@ -186,7 +186,10 @@ size_t device_row_bytes(int type, int64_t n_in, size_t row_bytes) {
   // zeros (never read: the kernels stop at the row's last block), so the x8 layout and every
   // kernel reading it take them unchanged: gpt-oss's 2880-wide Q8_0 q/k/v (90 blocks) with
   // the neox RoPE in their launch, the 1408-wide Q4_0 expert down of DeepSeek-V2 and qwen2moe
-  // on the narrow kernels. Measured: see docs/gpu-notes.md (forty-fifth session).
+  // on the narrow kernels. Measured (H200, 8 layers, tg128 graph ms, one call, two rounds; the
+  // rows padded to 16 bytes -> to whole groups): gpt-oss-20b MXFP4 0.708 / 0.709 -> 0.659 /
+  // 0.659, deepseek-v2-lite Q4_0 1.083 / 1.085 -> 0.833 / 0.838, qwen1.5-moe-a2.7b Q4_0 0.411 /
+  // 0.412 -> 0.380 / 0.381.
   if ((type == kQ4_0 || type == kQ8_0) && n_in % 256 != 0) {
     const int g = type == kQ4_0 ? BlockGeom<kQ4_0X8>::kBytes : BlockGeom<kQ8_0X8>::kBytes;
     return static_cast<size_t>((n_in + 255) / 256) * static_cast<size_t>(g);
