@@ -52,7 +52,8 @@ bool route_params_ok(const RouteParams& p);
 // itself lost: an empty fork joined back on the layer's chain alone cost 0.15 ms a token,
 // 3 us a layer.)
 struct RouterNormParams {
-  const float* w = nullptr;  // [n_expert][n_embd] F32 router rows, 16-byte aligned, no bias
+  const float* w = nullptr;  // [n_expert][n_embd] F32 router rows, 16-byte aligned
+  const float* b = nullptr;  // [n_expert] added to each logit after the dot (gpt-oss), or null
   int64_t n_embd = 0, n_expert = 0;
   float* logits = nullptr;   // out [n_expert]
 };

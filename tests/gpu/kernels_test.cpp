@@ -439,21 +439,23 @@ TEST(CudaKernels, NormFusedWithPreparationEqualsSeparate) {
 // blocks must not disturb them), and the logits equal the norm followed by the F32 product to
 // float rounding (the same h, another summation order) and the host's in double, so a scale
 // or row offset wrong in both would still fail. Widths 2048 (512 threads), 4096 (1024), 1088
-// (the last threads past the row); routers of 128 and 60 rows.
+// (the last threads past the row), 2880 (gpt-oss's); routers of 128 and 60 rows, the 60 with a
+// bias (gpt-oss's router has one).
 TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
   FRINK_REQUIRE_GPU();
   std::mt19937 rng(47);
   const int64_t most = std::min<int64_t>(128, cuda::sm_count() - 1);  // fewer rows than SMs
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::BF16})
-    for (int64_t n_in : {2048, 4096, 1088})
+    for (int64_t n_in : {2048, 4096, 1088, 2880})
       for (int64_t n_expert : {most, int64_t{60}}) {
         if (n_in % ggml_type_info(t).block_elems != 0 || (t == GgmlType::Q4_K && n_in % 256 != 0)) continue;
+        const bool biased = n_expert == 60;
         const std::string where = std::string(ggml_type_name(t)) + " n_in " + std::to_string(n_in) + " experts " +
                                   std::to_string(n_expert);
         auto x = random_floats(rng, n_in, 30.0f);
         x[static_cast<size_t>(n_in - 1)] = 400.0f;  // the last thread's last element carries most of the sum
-        const auto nw = random_floats(rng, n_in), wr = random_floats(rng, n_in * n_expert);
-        Dev<float> dx(x), dnw(nw), dwr(wr), h1(x.size()), h2(x.size()), act1(x.size()), act2(x.size()),
+        const auto nw = random_floats(rng, n_in), wr = random_floats(rng, n_in * n_expert), rb = random_floats(rng, n_expert);
+        Dev<float> dx(x), dnw(nw), dwr(wr), drb(rb), h1(x.size()), h2(x.size()), act1(x.size()), act2(x.size()),
             ref(static_cast<size_t>(n_expert)), out(static_cast<size_t>(n_expert));
         Dev<uint8_t> dwt(random_weights(rng, t, n_in, 64).bytes);
         cuda::NormParams np1 = norm_params(dx.p, h1.p, n_in, 1, dnw.p, nullptr, false), np2 = np1;
@@ -469,6 +471,7 @@ TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
         r.n_embd = n_in;
         r.n_expert = n_expert;
         r.logits = out.p;
+        r.b = biased ? drb.p : nullptr;
         ASSERT_TRUE(cuda::norm_router_ok(p2, r)) << where;
         r.n_expert = cuda::sm_count();  // a row's block per SM: more rows keep their own launch
         EXPECT_FALSE(cuda::norm_router_ok(p2, r)) << where;
@@ -482,7 +485,9 @@ TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
           std::vector<float> a1 = act1.get(), a2 = act2.get();
           EXPECT_EQ(std::memcmp(a1.data(), a2.data(), bytes), 0) << where;
         }
-        cuda::launch_matmul(mat_params(GgmlType::F32, dwr.p, n_in, n_expert, h1.p, 1, ref.p));
+        cuda::MatmulParams pr = mat_params(GgmlType::F32, dwr.p, n_in, n_expert, h1.p, 1, ref.p);
+        pr.bias = r.b;
+        cuda::launch_matmul(pr);
         const auto lr = ref.get(), lo = out.get();
         EXPECT_LT(nmse(lo.data(), lr.data(), lr.size()), 1e-11) << where;
         double ss = 0.0;
@@ -494,7 +499,7 @@ TEST(CudaKernels, RouterInNormLaunchEqualsNormThenProduct) {
           for (int64_t i = 0; i < n_in; ++i)
             acc += double{wr[static_cast<size_t>(e * n_in + i)]} * x[static_cast<size_t>(i)] * scale *
                    nw[static_cast<size_t>(i)];
-          host[static_cast<size_t>(e)] = static_cast<float>(acc);
+          host[static_cast<size_t>(e)] = static_cast<float>(acc + (biased ? rb[static_cast<size_t>(e)] : 0.0f));
         }
         EXPECT_LT(nmse(lo.data(), host.data(), host.size()), 1e-10) << where;
       }
