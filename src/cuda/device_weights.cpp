@@ -589,7 +589,7 @@ const void* DeviceWeights::upload_joined(const std::vector<std::pair<const void*
   return d;
 }
 
-// Matrices x8_type keeps in another order (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K of suitable widths, MXFP4; matmul.cuh) are
+// Matrices x8_type keeps in another order (Q4_0, Q8_0, MXFP4; Q4_K, Q5_K, Q6_K of whole tiles; matmul.cuh) are
 // reordered once, where they land, on the legacy stream (the constructor waits for it once at
 // its end); repacked_ keeps a tied matrix, uploaded once and met twice, from a second pass.
 int DeviceWeights::device_layout(const void* d, size_t n_bytes, int type, int64_t n_in) {

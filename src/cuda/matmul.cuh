@@ -192,8 +192,9 @@ inline Q8KAct q8k_act(const MatmulParams& p) {
 
 // Whether type id `type` has a device kernel (the same list the dispatch uses).
 bool matmul_supported(int type);
-// Q4_0 and Q8_0 matrices live on the device in groups of 8 blocks as kQ4_0X8 / kQ8_0X8 (dequant.cuh): each group holds its 8 blocks' quants (in 16-byte
-// words, word h of every block in a run of its own), then their 8 f16 scales; Q4_K, Q5_K and
+// Q4_0 and Q8_0 matrices live on the device in groups of 8 blocks as kQ4_0X8 / kQ8_0X8
+// (dequant.cuh): each group holds its 8 blocks' quants (in 16-byte words, word h of every
+// block in a run of its own), then their 8 f16 scales; Q4_K, Q5_K and
 // Q6_K ones of whole tiles of 8 super-blocks (n_in % 2048 == 0) as kQ4_KX8 / kQ5_KX8 / kQ6_KX8:
 // the tile's parts regrouped in the runs the kernel's lanes read (Q4_K: the 8 headers, then the
 // quants interleaved in 16-byte words; Q5_K: its fifth bits between them, a lane's 64 in a run).

@@ -201,7 +201,7 @@ size_t device_row_bytes(int type, int64_t n_in, size_t row_bytes) {
 void repack_x8(int type, void* w, size_t n_bytes, int64_t n_in, cudaStream_t stream) {
   if (type == kMXFP4) {
     const int64_t n_blk = n_in / 32;
-    const size_t row_bytes = (static_cast<size_t>(n_blk) * BlockGeom<kMXFP4>::kBytes + 15) / 16 * 16;
+    const size_t row_bytes = device_row_bytes(type, n_in, static_cast<size_t>(n_blk) * BlockGeom<kMXFP4>::kBytes);
     FRINK_CUDA_CHECK(n_in % 32 == 0 && n_in > 0 && n_bytes % row_bytes == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0
                          ? cudaSuccess
                          : cudaErrorInvalidValue);

@@ -104,8 +104,8 @@ inline cuda::MatmulParams mat_params(GgmlType t, const void* w, int64_t n_in, in
   return p;
 }
 
-// Rows of type t (Q4_0, Q8_0, Q4_K or Q6_K) at w (n_bytes on the device, rows of whole groups
-// of 8 blocks or tiles of 8 super-blocks) reordered in place as the device keeps them
+// Rows of type t (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K or MXFP4) at w (n_bytes on the device, rows of
+// whole groups or tiles, or padded as device_rows pads them) reordered in place as the device keeps them
 // (matmul.cuh, x8_type); returns the type id products of them take.
 inline int to_x8(GgmlType t, void* w, size_t n_bytes, int64_t n_in) {
   cuda::repack_x8(static_cast<int>(t), w, n_bytes, n_in, nullptr);
