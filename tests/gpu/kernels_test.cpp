@@ -1484,7 +1484,8 @@ TEST(CudaKernels, RoutingInExpertLaunchEqualsRouteThenProducts) {
 // gives the slots' down products then launch_moe_combine, bit for bit. Q4_0 x8 rows on
 // sub-warps of 8 lanes (768 wide: 2 row pairs a block of 4 warps at k 8, one at 16, 5 at 3 with
 // one sub-warp idle) and of 16 (2048 wide, 8 warps at k 12); K-quant rows as qwen3-next's downs
-// (Q4_K / Q6_K 512 wide, 11 slots: 8 and 16 lanes, 4 and 8 warps; Q4_K 1024, Q5_K); an odd row
+// (Q4_K / Q6_K 512 wide, 11 slots: 8 and 16 lanes, 4 and 8 warps; Q4_K 1024, Q5_K); Q4_0 rows of
+// 1408 (DeepSeek-V2's down, 8 slots with its shared expert's two; a partial last group); an odd row
 // count (a last row pair of one row), no residual, a residual of its own and one aliasing the
 // output, and the same expert in two slots. Launches it cannot take are refused by
 // matmul_combines_in_launch.
@@ -1501,11 +1502,15 @@ TEST(CudaKernels, CombineInExpertDownEqualsDownThenCombine) {
                      C{GgmlType::Q4_0, 768, 512, 3, 8}, C{GgmlType::Q4_0, 2048, 768, 8, 16},
                      C{GgmlType::Q4_0, 2048, 301, 5, 16}, C{GgmlType::Q4_0, 2048, 130, 12, 16},
                      C{GgmlType::Q4_K, 512, 2048, 11, 8}, C{GgmlType::Q6_K, 512, 1001, 11, 16},
-                     C{GgmlType::Q4_K, 1024, 300, 10, 16}, C{GgmlType::Q5_K, 512, 64, 3, 8}}) {
-    const size_t expert_bytes = ggml_row_bytes(c.t, c.n_in) * static_cast<size_t>(c.n_out);
-    const auto wb = random_weights(rng, c.t, c.n_in, c.n_out * n_expert).bytes;
+                     C{GgmlType::Q4_K, 1024, 300, 10, 16}, C{GgmlType::Q5_K, 512, 64, 3, 8},
+                     C{GgmlType::Q4_0, 1408, 2048, 8, 16}}) {
+    const bool x8 = c.t == GgmlType::Q4_0;  // rows as the device keeps them (1408: padded to whole groups)
+    const size_t row_bytes = x8 ? device_row(c.t, c.n_in) : ggml_row_bytes(c.t, c.n_in);
+    const size_t expert_bytes = row_bytes * static_cast<size_t>(c.n_out);
+    auto wb = random_weights(rng, c.t, c.n_in, c.n_out * n_expert).bytes;
+    if (x8) wb = device_rows(wb, c.t, c.n_in);
     Dev<uint8_t> dwt(wb);
-    const int type = c.t == GgmlType::Q4_0 ? to_x8(c.t, dwt.p, wb.size(), c.n_in) : static_cast<int>(c.t);
+    const int type = x8 ? to_x8(c.t, dwt.p, wb.size(), c.n_in) : static_cast<int>(c.t);
     std::vector<int32_t> ids(static_cast<size_t>(c.k));
     for (auto& e : ids) e = static_cast<int32_t>(rng() % n_expert);
     ids.back() = ids.front();
@@ -1514,6 +1519,7 @@ TEST(CudaKernels, CombineInExpertDownEqualsDownThenCombine) {
     Dev<float> dx(x), dact(x.size() * 2), dw(w), dys(static_cast<size_t>(c.k * c.n_out));
     cuda::MatmulParams down = mat_params(c.t, dwt.p, c.n_in, c.n_out, dx.p, c.k, dys.p);
     down.type = type;
+    down.row_bytes = row_bytes;
     down.act_round = dact.p;
     down.slot_expert = dids.p;
     down.n_slots = c.k;
