@@ -1338,14 +1338,19 @@ AttnSplit attn_split(const AttnParams& p) {
   return {sp.tk, sp.chunk, sp.even_splits};
 }
 
+// The tensor-core prefill at head dim D, where its block fits the device's shared-memory opt-in;
+// false, launching nothing, where it does not.
 template <int D>
-void launch_prefill_mma(const AttnParams& p) {
+bool launch_prefill_mma(const AttnParams& p, const DeviceLimits& dl) {
+  if (sizeof(MmaTile<D>) > static_cast<size_t>(dl.smem_optin)) return false;
+  FRINK_CUDA_CHECK(p.partial ? cudaSuccess : cudaErrorInvalidValue);  // the f16 copy's scratch
   const unsigned n_blk = static_cast<unsigned>((p.n_tok + kMmaRows - 1) / kMmaRows);
   const dim3 kv_grid(static_cast<unsigned>(kv16_tiles(p.max_keys)), static_cast<unsigned>(p.n_head_kv));
   kv16_kernel<D><<<kv_grid, kKv16Threads, 0, p.stream>>>(p);
   opt_in_smem(reinterpret_cast<const void*>(attn_prefill_mma_kernel<D>), sizeof(MmaTile<D>));
   attn_prefill_mma_kernel<D>
       <<<dim3(n_blk, static_cast<unsigned>(p.n_head)), kMmaWarps * 32, sizeof(MmaTile<D>), p.stream>>>(p);
+  return true;
 }
 
 void launch_attention(const AttnParams& p) {
@@ -1361,26 +1366,17 @@ void launch_attention(const AttnParams& p) {
   const bool rows16 = aligned16(p.k) && aligned16(p.v);  // K/V rows as float4: base aligned, widths % 4
   if (!attn_uses_split_k(p.n_tok, p.head_dim_k, p.head_dim_v)) {
     const unsigned n_head = static_cast<unsigned>(p.n_head);
-    const size_t mma_smem = p.head_dim_k == 64    ? sizeof(MmaTile<64>)
-                            : p.head_dim_k == 128 ? sizeof(MmaTile<128>)
-                                                  : sizeof(MmaTile<256>);
+    // The head dim chosen once: its tensor-core kernel launched where the block fits.
     const bool mma = attn_uses_tensor_cores(p.n_tok, p.head_dim_k, p.head_dim_v) && dl.major >= 8 && rows16 &&
-                     mma_smem <= static_cast<size_t>(dl.smem_optin);
+                     (p.head_dim_k == 64    ? launch_prefill_mma<64>(p, dl)
+                      : p.head_dim_k == 128 ? launch_prefill_mma<128>(p, dl)
+                                            : launch_prefill_mma<256>(p, dl));
     // Head dims above kTileMaxDim have no other prefill kernel (attn_uses_split_k counted on
     // this one): sm_80+ is the device probe's floor and the mirrors are cudaMalloc'd.
     FRINK_CUDA_CHECK(mma || p.head_dim_k <= kTileMaxDim ? cudaSuccess : cudaErrorInvalidValue);
-    if (mma) {
-      FRINK_CUDA_CHECK(p.partial ? cudaSuccess : cudaErrorInvalidValue);  // the f16 copy's scratch
-      if (p.head_dim_k == 64)
-        launch_prefill_mma<64>(p);
-      else if (p.head_dim_k == 128)
-        launch_prefill_mma<128>(p);
-      else
-        launch_prefill_mma<256>(p);
-    } else {
+    if (!mma)
       attn_prefill_kernel<<<dim3(static_cast<unsigned>((p.n_tok + kTileWarps - 1) / kTileWarps), n_head),
                             kTileWarps * 32, 0, p.stream>>>(p);
-    }
     FRINK_CUDA_CHECK_LAUNCH();
     return;
   }
