@@ -24,24 +24,14 @@ namespace {
 
 bool linear_ok(const Linear& l) { return !l || matmul_supported(static_cast<int>(l.w->type)); }
 
+bool experts_ok(const Experts& x) { return !x || matmul_supported(static_cast<int>(x.w->type)); }
+
 // The rows of row_bytes that parts hold (each a whole number of them).
 size_t rows_in(const std::vector<std::pair<const void*, size_t>>& parts, size_t row_bytes) {
   size_t n_rows = 0;
   for (const auto& part : parts) n_rows += part.second / row_bytes;
   return n_rows;
 }
-
-// parts (whole rows of row_bytes each) joined, each row padded with zeros to dev_row_bytes.
-std::vector<char> padded_rows(const std::vector<std::pair<const void*, size_t>>& parts, size_t row_bytes,
-                              size_t dev_row_bytes) {
-  std::vector<char> out(rows_in(parts, row_bytes) * dev_row_bytes, 0);
-  size_t r = 0;
-  for (const auto& [p, bytes] : parts)
-    for (size_t i = 0; i < bytes / row_bytes; ++i, ++r)
-      std::memcpy(out.data() + r * dev_row_bytes, static_cast<const char*>(p) + i * row_bytes, row_bytes);
-  return out;
-}
-bool experts_ok(const Experts& x) { return !x || matmul_supported(static_cast<int>(x.w->type)); }
 
 // What the device MoE path (cuda/moe.cuh) does not do; the host runs such layers.
 bool moe_ok(const LayerPlan& p, const LayerWeights& w) {
@@ -165,6 +155,16 @@ Refusal mla_refusal(const Model& m, const LayerPlan& p, const LayerWeights& w) {
 }
 
 }  // namespace
+
+std::vector<char> padded_rows(const std::vector<std::pair<const void*, size_t>>& parts, size_t row_bytes,
+                              size_t dev_row_bytes) {
+  std::vector<char> out(rows_in(parts, row_bytes) * dev_row_bytes, 0);
+  size_t r = 0;
+  for (const auto& [p, bytes] : parts)
+    for (size_t i = 0; i < bytes / row_bytes; ++i, ++r)
+      std::memcpy(out.data() + r * dev_row_bytes, static_cast<const char*>(p) + i * row_bytes, row_bytes);
+  return out;
+}
 
 Refusal device_refusal(const Model& m, int64_t il) {
   if (il == m.hp.n_layer) return linear_ok(m.w.output) ? Refusal::kNone : Refusal::kQuantType;

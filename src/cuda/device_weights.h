@@ -117,6 +117,11 @@ struct Placement {
 };
 std::vector<Refusal> place_layers(const Model& m, std::span<const size_t> bytes, const Placement& o);
 
+// parts (whole rows of row_bytes each) joined, each row padded with zeros to dev_row_bytes
+// (device_row_bytes): the rows DeviceWeights uploads, which the tests build the same way.
+std::vector<char> padded_rows(const std::vector<std::pair<const void*, size_t>>& parts, size_t row_bytes,
+                              size_t dev_row_bytes);
+
 class DeviceWeights {
  public:
   // Uploads each layer, and the head, placed kNone (placed: n_layer + 1 entries, as

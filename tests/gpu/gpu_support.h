@@ -19,6 +19,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/device_probe.h"
+#include "cuda/device_weights.h"
 #include "cuda/matmul.cuh"
 #include "cuda/rope.cuh"
 #include "quant/ggml_type.h"
@@ -121,12 +122,9 @@ inline size_t device_row(GgmlType t, int64_t n_in) {
   return cuda::device_row_bytes(static_cast<int>(t), n_in, ggml_row_bytes(t, n_in));
 }
 inline std::vector<uint8_t> device_rows(const std::vector<uint8_t>& bytes, GgmlType t, int64_t n_in) {
-  const size_t row_bytes = ggml_row_bytes(t, n_in), dev = device_row(t, n_in);
-  std::vector<uint8_t> out(bytes.size() / row_bytes * dev, 0);
-  for (size_t r = 0; r < bytes.size() / row_bytes; ++r)
-    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(r * row_bytes), row_bytes,
-                out.begin() + static_cast<std::ptrdiff_t>(r * dev));
-  return out;
+  const std::vector<char> out =
+      cuda::padded_rows({{bytes.data(), bytes.size()}}, ggml_row_bytes(t, n_in), device_row(t, n_in));
+  return {out.begin(), out.end()};
 }
 
 // RoPE over q [n_tok][n_head * head_dim] and k [n_tok][n_head_kv * head_dim] at device
