@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   for (int k = 0; k < kNormVecPer; ++k) acc += (wv[k].x * o[k].x + wv[k].y * o[k].y) + (wv[k].z * o[k].z + wv[k].w * o[k].w);
   __shared__ float red[32];
   acc = block_sum(acc, red);
-  // A bias as the product's epilogue adds it (scale 1: cuda_backend.cpp's router_f32).
+  // A bias as the product's epilogue adds it (scale 1: cuda_backend_moe.cpp's router_f32).
   if (threadIdx.x == 0) r.logits[blockIdx.x - 1] = r.b ? acc + r.b[blockIdx.x - 1] : acc;
 }
 

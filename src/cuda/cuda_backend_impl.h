@@ -1,6 +1,7 @@
 // The CudaBackend class, shared by the files that implement it (cuda_backend.cpp: batches,
-// attention layers, the head, token graphs; cuda_backend_recurrent.cpp: gated delta net
-// layers and the recurrent state mirror link). Internal to src/cuda: the rest of frink sees
+// attention layers, the head; cuda_backend_moe.cpp: MoE FFNs; cuda_backend_mla.cpp: MLA
+// attention; cuda_backend_token.cpp: token graphs and the step ahead;
+// cuda_backend_recurrent.cpp: gated delta net layers and the recurrent state mirror link). Internal to src/cuda: the rest of frink sees
 // DeviceBackend through make_cuda_backend (cuda_backend.h) only.
 #pragma once
 
@@ -24,6 +25,7 @@
 #include "cuda/device_weights.h"
 #include "cuda/kv_mirror.h"
 #include "cuda/matmul.cuh"
+#include "cuda/moe.cuh"
 #include "cuda/pick.cuh"
 #include "cuda/recurrent_mirror.h"
 #include "cuda/rope.cuh"
@@ -60,6 +62,28 @@ inline cudaError_t pinned_alloc(void** p, size_t n) { return cudaMallocHost(p, n
 inline cudaError_t device_alloc(void** p, size_t n) { return cudaMalloc(p, n); }
 using DevBuf = Buf<device_alloc, cudaFree>;
 using PinnedBuf = Buf<pinned_alloc, cudaFreeHost>;
+
+// A MoE layer's slots a token and its stacks' experts: the routed ones, and one more of each
+// where the shared expert is stacked with them (DeviceLayer::shexp_slots).
+struct MoeStack {
+  int64_t slots, experts;
+};
+inline MoeStack moe_stack(const MoePlan& mp, const DeviceLayer& d) {
+  return {mp.n_expert_used + d.shexp_slots, mp.n_expert + d.shexp_slots};
+}
+
+// Whether an n_tok batch takes a MoE layer's expert products grouped by expert
+// (moe_grouped_experts) rather than slot by slot: enough rows an expert (moe.cuh), and slots
+// the sort holds. begin_batch sizes the sort's buffers by the same rule.
+inline bool takes_grouped_experts(int64_t n_tok, const MoeStack& st) {
+  const int64_t S = n_tok * st.slots;
+  return S >= kMoeGroupMinRows * st.experts && S <= kMoeSortMaxSlots;
+}
+
+// Where a whole-vocabulary draw's chunk sums lie in pick_scratch_: after the top-k's scratch.
+inline size_t draw_sums_offset(int64_t n_vocab) {
+  return (topk_scratch_bytes(n_vocab, kPickMaxTopK) + 255) / 256 * 256;
+}
 
 class CudaBackend final : public DeviceBackend, public RecurrentDeviceLink {
  public:

@@ -1,10 +1,11 @@
 // CudaBackend's latent-attention layers (DeepSeek-2/3, plan.attn == kMla): the host's
-// cpu::mla_attention step by step on the device (see cuda_backend_impl.h; the batch, mirror and
-// graph machinery is in cuda_backend.cpp). The layer's cache holds one row [c | k_pe] a token,
-// so its mirror is a K mirror R + n_rot wide with no V, filled and copied back as any other.
-// The per-head matrices wk_b and wv_b are stacks of n_head experts: each product is one launch
-// whatever the head count, a slot per (token, head) taking head h's matrix (mla_heads_) in a
-// decode batch, one strided-batched cuBLAS call over the heads in a prompt batch.
+// cpu::mla_attention step by step on the device (see cuda_backend_impl.h; the batch and mirror
+// machinery is in cuda_backend.cpp, the token graphs in cuda_backend_token.cpp). The layer's cache
+// holds one row [c | k_pe] a token, so its mirror is a K mirror R + n_rot wide with no V, filled
+// and copied back as any other. The per-head matrices wk_b and wv_b are stacks of n_head experts:
+// each product is one launch whatever the head count, a slot per (token, head) taking head h's
+// matrix (mla_heads_) in a decode batch, one strided-batched cuBLAS call over the heads in a prompt
+// batch.
 #include "core/error.h"
 #include "cuda/cuda_backend_impl.h"
 #include "cuda/mla_attention.cuh"

@@ -1,5 +1,6 @@
 // CudaBackend's gated delta net layers and its side of the recurrent state link (see
-// cuda_backend_impl.h; the batch, attention and graph machinery is in cuda_backend.cpp).
+// cuda_backend_impl.h; the batch and attention machinery is in cuda_backend.cpp, the token
+// graphs in cuda_backend_token.cpp).
 //
 // Gated delta nets (hybrids): a recurrent layer is ONE submission too (norm, projections,
 // gates, conv, the delta rule, gated norm, output projection, residual, FFN), enqueued on the
