@@ -13,6 +13,7 @@
 #include "support/test_support.h"
 #ifdef FRINK_HAVE_CUDA
 #include <algorithm>
+#include <random>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -23,6 +24,8 @@
 #include "cuda/matmul.cuh"
 #include "cuda/rope.cuh"
 #include "quant/ggml_type.h"
+#include "quant/quant.h"
+#include "quant/random_blocks.h"
 #endif
 
 namespace frink::test {
@@ -86,6 +89,22 @@ struct Dev {
     return h;
   }
 };
+
+// n_out random rows of type t (as the file would hold them) and their exact dequantization.
+struct RandomWeights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> f;
+};
+inline RandomWeights random_weights(std::mt19937& rng, GgmlType t, int64_t n_in, int64_t n_out) {
+  RandomWeights w;
+  w.f.resize(static_cast<size_t>(n_in * n_out));
+  for (int64_t r = 0; r < n_out; ++r) {
+    auto row = random_weight_row(rng, t, n_in);
+    dequantize_row(t, row.data(), w.f.data() + r * n_in, n_in);
+    w.bytes.insert(w.bytes.end(), row.begin(), row.end());
+  }
+  return w;
+}
 
 // A product of W (type t, n_out rows of n_in, on the device) with x [n_tok][n_in] into
 // y [n_tok][n_out]; callers set bias, scale, act_round and the cuBLAS fields they test.
