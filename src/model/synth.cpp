@@ -27,6 +27,10 @@ const std::vector<SynthPreset> kPresets = {
      .n_layer = 32, .n_embd = 4096, .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 14336,
      .n_vocab = 128256, .n_ctx = 131072, .n_rot = 128, .rope_base = 500000, .norm_eps = 1e-5, .tied = false,
      .llama3_factor = 8, .rope_orig_ctx = 8192},
+    // Qwen2.5-7B: widths of partial K-quant tiles (3584 and 18944 are 14 and 74 super-blocks).
+    {.name = "qwen2.5-7b", .arch = "qwen2", .model = "Qwen2.5-7B", .family = SynthFamily::kQwen2,
+     .n_layer = 28, .n_embd = 3584, .n_head = 28, .n_head_kv = 4, .head_dim = 128, .n_ff = 18944,
+     .n_vocab = 152064, .n_ctx = 32768, .n_rot = 128, .rope_base = 1e6, .norm_eps = 1e-6, .tied = false},
     {.name = "qwen3-0.6b", .arch = "qwen3", .model = "Qwen3-0.6B", .family = SynthFamily::kQwen3,
      .n_layer = 28, .n_embd = 1024, .n_head = 16, .n_head_kv = 8, .head_dim = 128, .n_ff = 3072,
      .n_vocab = 151936, .n_ctx = 40960, .n_rot = 128, .rope_base = 1e6, .norm_eps = 1e-6, .tied = true},
@@ -312,10 +316,12 @@ void layer_tensors(PlanBuilder& b, const SynthPreset& p, int64_t il) {
       deepseek2_tensors(b, p, il);
       return;
     case SynthFamily::kLlama:
+    case SynthFamily::kQwen2:
     case SynthFamily::kQwen3:
     case SynthFamily::kQwen3Moe:
       b.norm(blk_name(il, "attn_norm.weight"), p.n_embd);
-      attention_tensors(b, p, il, false, p.family != SynthFamily::kLlama, false);
+      attention_tensors(b, p, il, false, p.family == SynthFamily::kQwen3 || p.family == SynthFamily::kQwen3Moe,
+                        p.family == SynthFamily::kQwen2);
       b.norm(blk_name(il, "ffn_norm.weight"), p.n_embd);
       if (p.family == SynthFamily::kQwen3Moe) expert_ffn(b, p, il, false); else dense_ffn(b, p, il);
       return;

@@ -27,7 +27,7 @@
 namespace frink {
 
 // Which tensor layout a preset writes (one per llama.cpp loader it imitates).
-enum class SynthFamily { kLlama, kQwen3, kGemma3, kQwen3Moe, kQwen2Moe, kQwen3Next, kQwen35, kGptOss, kDeepseek2 };
+enum class SynthFamily { kLlama, kQwen2, kQwen3, kGemma3, kQwen3Moe, kQwen2Moe, kQwen3Next, kQwen35, kGptOss, kDeepseek2 };
 
 struct SynthPreset {
   std::string_view name;   // "llama3.1-8b"

@@ -42,6 +42,7 @@ TEST(Synth, EveryPresetPlansAndCountsParameters) {
   // Parameter counts of the real models (embeddings included; tied models count them once).
   const std::map<std::string, std::pair<double, double>> approx_b = {
       {"llama3.2-1b", {1.2, 1.3}},       {"llama3.1-8b", {8.0, 8.1}},   {"qwen3-0.6b", {0.55, 0.65}},
+      {"qwen2.5-7b", {7.6, 7.7}},
       {"qwen3-8b", {8.1, 8.3}},          {"qwen3-30b-a3b", {30.4, 30.6}}, {"qwen3-next-80b-a3b", {79, 81.5}},
       {"qwen3.5-9b", {8.9, 9.7}},        {"gpt-oss-20b", {20.8, 21.0}}, {"gemma3-12b", {11.7, 12.0}},
       {"mistral-small-24b", {23.5, 23.7}}, {"deepseek-v2-lite", {15.6, 15.8}}, {"deepseek-v3", {670, 672}},
