@@ -23,7 +23,7 @@ Runner add_synth(CLI::App& app) {
   };
   auto opt = std::make_shared<Options>();
   cmd->add_option("--preset", opt->synth.preset, "model shape (see --list)");
-  cmd->add_option("--type", opt->synth.type, "F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, MXFP4, ...")
+  cmd->add_option("--type", opt->synth.type, "F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, MXFP4, ...")
       ->capture_default_str();
   cmd->add_option("-o,--output", opt->out, "output .gguf file");
   cmd->add_option("--layers", opt->synth.n_layer, "write only the first N layers (0: all)");

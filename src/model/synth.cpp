@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "quant/blocks.h"
+#include "quant/fp16.h"
 #include "quant/quant.h"
 
 namespace frink {
@@ -95,8 +97,11 @@ TypeSpec parse_type(std::string t) {
   if (t == "Q4_K_M") return {GgmlType::Q4_K, true, false, 15};
   if (t == "Q5_K_M") return {GgmlType::Q5_K, true, false, 17};
   if (t == "MXFP4" || t == "MXFP4_MOE") return {GgmlType::Q8_0, false, true, 38};
+  // llama.cpp's IQ4_XS mix (LLAMA_FTYPE_MOSTLY_IQ4_XS), its codes by encode_iq4 (no IQ4 quantizer
+  // in src/quant).
+  if (t == "IQ4_XS") return {GgmlType::IQ4_XS, false, false, 30};
   const auto g = ggml_type_from_name(t);
-  if (!g) fail("unknown type '{}' (F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, MXFP4, ...)", t);
+  if (!g) fail("unknown type '{}' (F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, MXFP4, ...)", t);
   if (!can_quantize(*g) || *g == GgmlType::Q8_1 || *g == GgmlType::Q8_K)
     fail("frink's quant layer cannot write {} tensors yet; pick another --type", t);
   uint32_t ftype = 0;
@@ -128,6 +133,7 @@ GgmlType fit_row(GgmlType t, int64_t ne0) {
     case GgmlType::Q4_K: t = GgmlType::Q5_0; break;
     case GgmlType::Q5_K: t = GgmlType::Q5_1; break;
     case GgmlType::Q6_K: t = GgmlType::Q8_0; break;
+    case GgmlType::IQ4_XS: t = GgmlType::IQ4_NL; break;
     default: t = GgmlType::F16; break;
   }
   return ne0 % ggml_type_info(t).block_elems == 0 ? t : GgmlType::F16;
@@ -189,6 +195,11 @@ class PlanBuilder {
       } else if (name.find("attn_qkv.weight") != std::string::npos && ts_.base == GgmlType::Q4_K) {
         t = GgmlType::Q5_K;
       }
+    } else if (ts_.base == GgmlType::IQ4_XS) {
+      // llama_tensor_get_type for LLAMA_FTYPE_MOSTLY_IQ4_XS: the output Q6_K, attn_v Q5_K where
+      // four or more query heads share a KV head.
+      if (is_output) t = GgmlType::Q6_K;
+      else if (name.find("attn_v.weight") != std::string::npos && p_.n_head >= 4 * p_.n_head_kv) t = GgmlType::Q5_K;
     }
     if (init != SynthInit::kMxfp4) t = fit_row(t, ne[0]);
     out_.tensors.push_back({name, std::move(ne), t, init, 0.0f, std});
@@ -516,6 +527,58 @@ void encode_mxfp4(const float* x, uint8_t* dst, int64_t n) {
   }
 }
 
+// IQ4_XS (super-blocks of 256: a 6-bit scale a 32-element piece) or IQ4_NL (blocks of 32) codes
+// of the row's values: ggml's layout and first guess (a piece's scale its absolute maximum over
+// the code book's -127, the super-block's d the largest scale over -32), each value the nearest
+// code. Not ggml's quantizer, which searches 15 scales a piece: enough for random weights,
+// whose bytes and speed are what synth files are for.
+void encode_iq4(GgmlType type, const float* x, uint8_t* dst, int64_t n) {
+  using quant::BlockIQ4_NL, quant::BlockIQ4_XS, quant::kIq4nlValues;
+  const auto nearest = [](float v) {
+    int best = 0;
+    for (int c = 1; c < 16; ++c)
+      if (std::fabs(v - kIq4nlValues[c]) < std::fabs(v - kIq4nlValues[best])) best = c;
+    return best;
+  };
+  // Piece j's scale: the value of largest magnitude over -127 (so it takes code 0).
+  const auto piece_scale = [](const float* p) {
+    float m = 0;
+    for (int i = 0; i < 32; ++i) m = std::fabs(p[i]) > std::fabs(m) ? p[i] : m;
+    return m / static_cast<float>(kIq4nlValues[0]);
+  };
+  const auto codes = [&](const float* p, float dl, uint8_t* qs) {
+    const float id = dl != 0 ? 1.0f / dl : 0.0f;
+    for (int i = 0; i < 16; ++i)
+      qs[i] = static_cast<uint8_t>(nearest(p[i] * id) | (nearest(p[i + 16] * id) << 4));
+  };
+  if (type == GgmlType::IQ4_NL) {
+    auto* b = reinterpret_cast<BlockIQ4_NL*>(dst);
+    for (int64_t k = 0; k < n / 32; ++k, x += 32) {
+      b[k].d = f32_to_f16(piece_scale(x));
+      codes(x, f16_to_f32(b[k].d), b[k].qs);
+    }
+    return;
+  }
+  auto* b = reinterpret_cast<BlockIQ4_XS*>(dst);
+  for (int64_t k = 0; k < n / 256; ++k, x += 256) {
+    float s[8], max_s = 0;
+    for (int j = 0; j < 8; ++j) {
+      s[j] = piece_scale(x + 32 * j);
+      max_s = std::fabs(s[j]) > std::fabs(max_s) ? s[j] : max_s;
+    }
+    b[k].d = f32_to_f16(-max_s / 32);
+    const float d = f16_to_f32(b[k].d), id = d != 0 ? 1.0f / d : 0.0f;
+    b[k].scales_h = 0;
+    for (int j = 0; j < 4; ++j) b[k].scales_l[j] = 0;
+    for (int j = 0; j < 8; ++j) {
+      const int l = std::clamp(static_cast<int>(std::lround(id * s[j])), -32, 31) + 32;
+      b[k].scales_l[j / 2] |= static_cast<uint8_t>((l & 0xF) << 4 * (j % 2));
+      b[k].scales_h |= static_cast<uint16_t>((l >> 4) << 2 * j);
+      codes(x + 32 * j, d * (l - 32), b[k].qs + 16 * j);
+    }
+  }
+}
+
 // convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors (rope_freqs for llama3 scaling).
 void llama3_rope_factors(const SynthPreset& p, float* out, int64_t n) {
   const double low_wavelen = double(p.rope_orig_ctx) / p.llama3_low;
@@ -560,6 +623,7 @@ void fill_tensor(const SynthPlan& plan, const SynthTensor& t, uint8_t* dst, int 
         draw_row(mix64(base + uint64_t(r)), t.mean, t.std, row.data(), ne0);
         uint8_t* out = dst + size_t(r) * row_bytes;
         if (t.init == SynthInit::kMxfp4) encode_mxfp4(row.data(), out, ne0);
+        else if (t.type == GgmlType::IQ4_XS || t.type == GgmlType::IQ4_NL) encode_iq4(t.type, row.data(), out, ne0);
         else quantize_row(t.type, row.data(), out, ne0);
       }
     }

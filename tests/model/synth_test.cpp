@@ -2,15 +2,18 @@
 // follow llama-quantize's rules, weights depend only on (name, seed), and a written file of
 // an MoE preset opens with the tensors the plan promised. Running tokens through synthetic
 // files is in tests/engine/synth_run_test.cpp.
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
 #include "format/model_file.h"
 #include "model/synth.h"
+#include "quant/quant.h"
 
 namespace frink {
 namespace {
@@ -214,8 +217,36 @@ TEST(Synth, QuantMixFollowsLlamaQuantize) {
   EXPECT_EQ(by_name(plan("llama3.2-1b", "Q4_0")).at("token_embd.weight").type, GgmlType::Q4_0);
 }
 
+// IQ4_XS as llama-quantize mixes it (output Q6_K, attn_v Q5_K at 4+ query heads a KV head, the
+// IQ4_NL fallback for widths not of 256), its codes decoding to the drawn weights within a
+// 4-bit code book's error.
+TEST(Synth, Iq4XsMixAndCodes) {
+  const SynthPlan pl = plan("llama3.2-1b", "IQ4_XS", 1);
+  const auto m = by_name(pl);
+  EXPECT_EQ(m.at("token_embd.weight").type, GgmlType::Q6_K);  // tied: the output
+  EXPECT_EQ(m.at("blk.0.attn_v.weight").type, GgmlType::Q5_K);
+  EXPECT_EQ(m.at("blk.0.attn_q.weight").type, GgmlType::IQ4_XS);
+  EXPECT_EQ(m.at("blk.0.ffn_down.weight").type, GgmlType::IQ4_XS);
+  EXPECT_EQ(by_name(plan("gpt-oss-20b", "IQ4_XS", 1)).at("blk.0.attn_k.weight").type, GgmlType::IQ4_NL);
+  for (const char* name : {"blk.0.attn_q.weight", "blk.0.ffn_down.weight"}) {
+    size_t i = 0;
+    while (pl.tensors[i].name != name) ++i;
+    const auto bytes = synth_tensor_bytes(pl, i, 1);
+    SynthPlan f32 = pl;  // the same tensor's draws, unencoded
+    f32.tensors[i].type = GgmlType::F32;
+    const auto ref_bytes = synth_tensor_bytes(f32, i, 1);
+    const int64_t n = static_cast<int64_t>(ref_bytes.size() / sizeof(float));
+    std::vector<float> ref(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+    std::memcpy(ref.data(), ref_bytes.data(), ref_bytes.size());
+    dequantize_row(GgmlType::IQ4_XS, bytes.data(), got.data(), n);
+    double err = 0, sig = 0;
+    for (int64_t k = 0; k < n; ++k) err += (got[k] - ref[k]) * double(got[k] - ref[k]), sig += ref[k] * double(ref[k]);
+    EXPECT_LT(err / sig, 0.01) << name;  // 0.0061 for both (seed 42)
+  }
+}
+
 TEST(Synth, RefusesWhatItCannotWrite) {
-  EXPECT_THROW(plan("llama3.2-1b", "IQ4_XS"), Error);  // no IQ4_XS quantizer in src/quant
+  EXPECT_THROW(plan("llama3.2-1b", "IQ2_XS"), Error);  // no IQ2_XS quantizer in src/quant
   EXPECT_THROW(plan("llama3.2-1b", "Q9_9"), Error);
   EXPECT_THROW(plan("no-such-model", "Q4_0"), Error);
   EXPECT_THROW(plan("qwen3-0.6b", "Q4_0", 29), Error);
