@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -227,21 +228,24 @@ TEST(Synth, Iq4XsMixAndCodes) {
   EXPECT_EQ(m.at("blk.0.attn_v.weight").type, GgmlType::Q5_K);
   EXPECT_EQ(m.at("blk.0.attn_q.weight").type, GgmlType::IQ4_XS);
   EXPECT_EQ(m.at("blk.0.ffn_down.weight").type, GgmlType::IQ4_XS);
-  EXPECT_EQ(by_name(plan("gpt-oss-20b", "IQ4_XS", 1)).at("blk.0.attn_k.weight").type, GgmlType::IQ4_NL);
-  for (const char* name : {"blk.0.attn_q.weight", "blk.0.ffn_down.weight"}) {
+  const SynthPlan oss = plan("gpt-oss-20b", "IQ4_XS", 1);
+  EXPECT_EQ(by_name(oss).at("blk.0.attn_k.weight").type, GgmlType::IQ4_NL);
+  const std::pair<const SynthPlan*, const char*> cases[] = {
+      {&pl, "blk.0.attn_q.weight"}, {&pl, "blk.0.ffn_down.weight"}, {&oss, "blk.0.attn_k.weight"}};
+  for (const auto& [p, name] : cases) {
     size_t i = 0;
-    while (pl.tensors[i].name != name) ++i;
-    const auto bytes = synth_tensor_bytes(pl, i, 1);
-    SynthPlan f32 = pl;  // the same tensor's draws, unencoded
+    while (p->tensors[i].name != name) ++i;
+    const auto bytes = synth_tensor_bytes(*p, i, 1);
+    SynthPlan f32 = *p;  // the same tensor's draws, unencoded
     f32.tensors[i].type = GgmlType::F32;
     const auto ref_bytes = synth_tensor_bytes(f32, i, 1);
     const int64_t n = static_cast<int64_t>(ref_bytes.size() / sizeof(float));
     std::vector<float> ref(static_cast<size_t>(n)), got(static_cast<size_t>(n));
     std::memcpy(ref.data(), ref_bytes.data(), ref_bytes.size());
-    dequantize_row(GgmlType::IQ4_XS, bytes.data(), got.data(), n);
+    dequantize_row(p->tensors[i].type, bytes.data(), got.data(), n);
     double err = 0, sig = 0;
     for (int64_t k = 0; k < n; ++k) err += (got[k] - ref[k]) * double(got[k] - ref[k]), sig += ref[k] * double(ref[k]);
-    EXPECT_LT(err / sig, 0.01) << name;  // 0.0061 for both (seed 42)
+    EXPECT_LT(err / sig, 0.01) << name;  // 0.0061 each (seed 42)
   }
 }
 
