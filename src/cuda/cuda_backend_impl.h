@@ -1,8 +1,9 @@
 // The CudaBackend class, shared by the files that implement it (cuda_backend.cpp: batches,
 // attention layers, the head; cuda_backend_moe.cpp: MoE FFNs; cuda_backend_mla.cpp: MLA
 // attention; cuda_backend_token.cpp: token graphs and the step ahead;
-// cuda_backend_recurrent.cpp: gated delta net layers and the recurrent state mirror link). Internal to src/cuda: the rest of frink sees
-// DeviceBackend through make_cuda_backend (cuda_backend.h) only.
+// cuda_backend_recurrent.cpp: gated delta net layers and the recurrent state mirror link).
+// Internal to src/cuda: the rest of frink sees DeviceBackend through make_cuda_backend
+// (cuda_backend.h) only.
 #pragma once
 
 #include <algorithm>

@@ -30,6 +30,18 @@ struct MatCase {
   bool bias;
 };
 
+// x [n_tok][n_in] as the host rounds an activation for its vec_dot_type `at` (quantized, then
+// dequantized, row by row).
+std::vector<float> host_rounded(GgmlType at, const std::vector<float>& x, int64_t n_in, int64_t n_tok) {
+  std::vector<float> xr(x.size());
+  std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(at, n_in)));
+  for (int64_t tk = 0; tk < n_tok; ++tk) {
+    quantize_row(at, x.data() + tk * n_in, q.data(), n_in);
+    dequantize_row(at, q.data(), xr.data() + tk * n_in, n_in);
+  }
+  return xr;
+}
+
 // y[t][r] = scale * sum_i wf[r][i] x[t][i] (+ bias[r]), summed in double.
 std::vector<float> reference_product(const std::vector<float>& wf, const std::vector<float>& x, int64_t n_in,
                                      int64_t n_out, int64_t n_tok, double scale, const float* bias) {
@@ -118,12 +130,7 @@ TEST(CudaKernels, ActivationRoundingMatchesHostForEveryType) {
       x[1] = -127.0f;
       x[2] = 2.5f;
       if (x.size() >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
-      std::vector<float> xr(x.size());
-      std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(at, c.n_in)));
-      for (int64_t tk = 0; tk < c.n_tok; ++tk) {
-        quantize_row(at, x.data() + tk * c.n_in, q.data(), c.n_in);
-        dequantize_row(at, q.data(), xr.data() + tk * c.n_in, c.n_in);
-      }
+      const std::vector<float> xr = host_rounded(at, x, c.n_in, c.n_tok);
       const std::vector<float> ones(static_cast<size_t>(c.n_out), 1.0f);
       const auto ref = reference_product(w.f, xr, c.n_in, c.n_out, c.n_tok, 1.0, c.bias ? ones.data() : nullptr);
       Dev<uint8_t> dw(w.bytes);
@@ -471,16 +478,7 @@ TEST(CudaKernels, X8LayoutsMatchHost) {
       if (cuda::x8_type(static_cast<int>(t), c.n_in) == static_cast<int>(t)) continue;  // kept as the file holds it
       const RandomWeights w = random_weights(rng, t, c.n_in, c.n_out);
       const auto x = random_floats(rng, c.n_in * c.n_tok), res = random_floats(rng, c.n_out * c.n_tok);
-      std::vector<float> xr(x.size());
-      if (c.round) {
-        std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(at, c.n_in)));
-        for (int64_t tk = 0; tk < c.n_tok; ++tk) {
-          quantize_row(at, x.data() + tk * c.n_in, q.data(), c.n_in);
-          dequantize_row(at, q.data(), xr.data() + tk * c.n_in, c.n_in);
-        }
-      } else {
-        xr = x;
-      }
+      const std::vector<float> xr = c.round ? host_rounded(at, x, c.n_in, c.n_tok) : x;
       const std::vector<float> ones(static_cast<size_t>(c.n_out), 1.0f);
       auto ref = reference_product(w.f, xr, c.n_in, c.n_out, c.n_tok, 1.0, c.bias ? ones.data() : nullptr);
       if (c.residual)
